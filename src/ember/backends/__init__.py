@@ -1,0 +1,1 @@
+"""Backends: cpu (numpy + numba kernels) and meta (shape-only arrays)."""

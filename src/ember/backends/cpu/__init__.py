@@ -1,0 +1,1 @@
+"""The CPU backend: numpy arrays; numba kernels in kernels/ beside their numpy references."""

@@ -1,0 +1,26 @@
+"""numba kernels; each module keeps a pure-numpy reference beside every kernel.
+
+Nothing here imports numba at module import: ``numba_or_none()`` does it on first use, so
+``import ember`` stays light, and the numpy references serve where numba is absent.
+"""
+
+from __future__ import annotations
+
+import os
+
+_numba = False
+
+
+def numba_or_none():
+    """The numba module, or None when it is not installed or EMBER_NO_NUMBA=1."""
+    global _numba
+    if _numba is False:
+        if os.environ.get("EMBER_NO_NUMBA") == "1":
+            _numba = None
+        else:
+            try:
+                import numba
+            except ImportError:  # pragma: no cover - numba is a required dependency
+                numba = None
+            _numba = numba
+    return _numba

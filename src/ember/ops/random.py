@@ -1,0 +1,199 @@
+"""Random numbers: a global seeded generator, Generator objects, and the sampling factories."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember import dtypes as _dt
+from ember.autograd import meta_array
+from ember.device import META, as_device
+from ember.errors import ShapeError
+from ember.ops._util import shape_arg
+from ember.tensor import Tensor
+
+
+class Generator:
+    """A seeded source of random numbers (numpy PCG64 underneath), as torch.Generator."""
+
+    def __init__(self, device="cpu") -> None:
+        self._seed = int(np.random.SeedSequence().entropy % (2**63))
+        self.rng = np.random.default_rng(self._seed)
+
+    def manual_seed(self, seed: int) -> Generator:
+        """Reset the stream to a seed; returns self."""
+        self._seed = int(seed)
+        self.rng = np.random.default_rng(self._seed)
+        return self
+
+    def initial_seed(self) -> int:
+        """The seed this generator was last seeded with."""
+        return self._seed
+
+    def get_state(self) -> dict:
+        """The generator's state (pass to set_state to replay)."""
+        return self.rng.bit_generator.state
+
+    def set_state(self, state: dict) -> None:
+        """Restore a state from get_state."""
+        self.rng.bit_generator.state = state
+
+
+default_generator = Generator()
+
+
+def manual_seed(seed: int) -> Generator:
+    """Seed the global generator (numpy's legacy global state is left alone)."""
+    return default_generator.manual_seed(seed)
+
+
+def seed() -> int:
+    """Seed the global generator from entropy; returns the seed."""
+    s = int(np.random.SeedSequence().entropy % (2**63))
+    default_generator.manual_seed(s)
+    return s
+
+
+def initial_seed() -> int:
+    """The global generator's seed."""
+    return default_generator.initial_seed()
+
+
+def get_rng_state() -> dict:
+    """The global generator's state."""
+    return default_generator.get_state()
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the global generator's state."""
+    default_generator.set_state(state)
+
+
+def _rng(generator: Generator | None) -> np.random.Generator:
+    return (generator or default_generator).rng
+
+
+def _out(arr: np.ndarray, dtype, device, requires_grad) -> Tensor:
+    dt = _dt.get_dtype(dtype) if dtype is not None else _dt.get_default_dtype()
+    dev = as_device(device)
+    arr = meta_array(arr.shape, dt.np) if dev is META else arr.astype(dt.np, copy=False)
+    t = Tensor._wrap(arr, dev)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _sample_shape(size) -> tuple:
+    shape = shape_arg(size)
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"negative dimension in shape {shape}")
+    return shape
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1)."""
+    shape = _sample_shape(size)
+    return _out(_rng(generator).random(shape, dtype=np.float64), dtype, device, requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples."""
+    shape = _sample_shape(size)
+    return _out(_rng(generator).standard_normal(shape), dtype, device, requires_grad)
+
+
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
+    """Integers uniform in [low, high); randint(high, size) also works."""
+    if size is None:
+        low, high, size = 0, low, high
+    elif high is None:
+        low, high = 0, low
+    if size is None:
+        raise ShapeError("randint: size is required")
+    shape = _sample_shape((size,) if isinstance(size, int) else (tuple(size),))
+    arr = _rng(generator).integers(low, high, shape, dtype=np.int64)
+    return _out(arr, dtype or _dt.int64, device, False)
+
+
+def randperm(n: int, *, generator=None, dtype=None, device=None) -> Tensor:
+    """A random permutation of 0..n-1."""
+    return _out(_rng(generator).permutation(n).astype(np.int64), dtype or _dt.int64, device, False)
+
+
+def rand_like(input: Tensor, dtype=None, generator=None) -> Tensor:
+    """Uniform samples with input's shape."""
+    return rand(input.shape, generator=generator, dtype=dtype or input.dtype, device=input.device)
+
+
+def randn_like(input: Tensor, dtype=None, generator=None) -> Tensor:
+    """Normal samples with input's shape."""
+    return randn(input.shape, generator=generator, dtype=dtype or input.dtype, device=input.device)
+
+
+def randint_like(input: Tensor, low, high=None, dtype=None) -> Tensor:
+    """Integer samples with input's shape."""
+    if high is None:
+        low, high = 0, low
+    return randint(low, high, tuple(input.shape), dtype=dtype or input.dtype, device=input.device)
+
+
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
+    """Normal samples with the given mean and std (numbers or tensors)."""
+    m = mean._data if isinstance(mean, Tensor) else mean
+    s = std._data if isinstance(std, Tensor) else std
+    shape = tuple(size) if size is not None else np.broadcast_shapes(np.shape(m), np.shape(s))
+    return _out(_rng(generator).normal(m, s, shape), dtype, device, False)
+
+
+def bernoulli(input: Tensor, p: float | None = None, *, generator=None) -> Tensor:
+    """0/1 samples with probability input (or p)."""
+    prob = input._data if p is None else p
+    arr = (_rng(generator).random(input._data.shape) < prob).astype(input._data.dtype)
+    return Tensor._wrap(arr, input._device)
+
+
+def _fill_(t: Tensor, arr: np.ndarray) -> Tensor:
+    from ember import autograd
+
+    if t.requires_grad and t._ctx is None and autograd.is_grad_enabled():
+        from ember.errors import AutogradError
+
+        raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
+    if t._device is not META:
+        np.copyto(t._data, arr, casting="unsafe")
+    return t
+
+
+def normal_(input: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
+    """Fill in place with normal samples."""
+    return _fill_(input, _rng(generator).normal(mean, std, input._data.shape))
+
+
+def uniform_(input: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
+    """Fill in place with uniform samples in [a, b)."""
+    return _fill_(input, _rng(generator).uniform(a, b, input._data.shape))
+
+
+def bernoulli_(input: Tensor, p: float = 0.5, *, generator=None) -> Tensor:
+    """Fill in place with 0/1 samples."""
+    return _fill_(input, _rng(generator).random(input._data.shape) < p)
+
+
+def exponential_(input: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
+    """Fill in place with exponential samples."""
+    return _fill_(input, _rng(generator).exponential(1.0 / lambd, input._data.shape))
+
+
+def random_(input: Tensor, low: int = 0, high: int | None = None, *, generator=None) -> Tensor:
+    """Fill in place with integers in [low, high)."""
+    if high is None:
+        low, high = 0, (low or 2**24)
+    return _fill_(input, _rng(generator).integers(low, high, input._data.shape))
+
+
+__all__ = [
+    "Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
+    "set_rng_state", "rand", "randn", "randint", "randperm", "rand_like", "randn_like",
+    "randint_like", "normal", "bernoulli",
+]  # fmt: skip
+METHODS = {
+    "normal_": normal_, "uniform_": uniform_, "bernoulli_": bernoulli_,
+    "exponential_": exponential_, "random_": random_, "bernoulli": bernoulli,
+}  # fmt: skip

@@ -1,0 +1,438 @@
+"""Tensor: one backend array + device + autograd link. Methods delegate to ember.ops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember import autograd
+from ember import dtypes as _dt
+from ember.device import CPU, META, Device, as_device
+from ember.errors import AutogradError, DeviceError, DTypeError, ShapeError
+
+
+class Size(tuple):
+    """A tensor shape: a tuple of ints, as torch.Size."""
+
+    __slots__ = ()
+
+    def numel(self) -> int:
+        """The number of elements a tensor of this shape holds."""
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __repr__(self) -> str:
+        return f"ember.Size({list(self)})"
+
+
+class Tensor:
+    """An n-dimensional array with a dtype, a device and (optionally) a gradient."""
+
+    __slots__ = ("_data", "_device", "requires_grad", "grad", "_ctx", "_retain", "_hooks", "__weakref__")
+    __array_ufunc__ = None  # numpy defers to our reflected operators
+
+    def __init__(self, data, dtype=None, device=None, requires_grad: bool = False) -> None:
+        from ember.ops.creation import _to_array
+
+        dev = as_device(device)
+        arr = _to_array(data, dtype)
+        if dev is META:
+            arr = autograd.meta_array(arr.shape, arr.dtype)
+        self._data = arr
+        self._device = dev
+        self.grad = None
+        self._ctx = None
+        self._retain = False
+        self._hooks = ()
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    @staticmethod
+    def _wrap(arr, device: Device = CPU, ctx=None) -> Tensor:
+        """Wrap a backend array without copying (internal fast path)."""
+        t = object.__new__(Tensor)
+        t._data = arr if type(arr) is np.ndarray else np.asarray(arr)
+        t._device = device
+        t.requires_grad = ctx is not None
+        t.grad = None
+        t._ctx = ctx
+        t._retain = False
+        t._hooks = ()
+        return t
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def shape(self) -> Size:
+        """The shape as an ember.Size."""
+        return Size(self._data.shape)
+
+    def size(self, dim: int | None = None):
+        """The shape, or the length of one dimension."""
+        if dim is None:
+            return Size(self._data.shape)
+        return self._data.shape[_wrap_dim(dim, self._data.ndim)]
+
+    @property
+    def dtype(self) -> _dt.DType:
+        """The element type."""
+        return _dt.from_numpy_dtype(self._data.dtype)
+
+    @property
+    def device(self) -> Device:
+        """The device the data lives on."""
+        return self._device
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return self._data.ndim
+
+    def dim(self) -> int:
+        """The number of dimensions."""
+        return self._data.ndim
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return self._data.size
+
+    def nelement(self) -> int:
+        """The number of elements."""
+        return self._data.size
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self._data.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the elements take (as if contiguous)."""
+        return self._data.nbytes
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors not produced by a recorded op."""
+        return self._ctx is None
+
+    @property
+    def grad_fn(self):
+        """The Function that produced this tensor, or None for leaves."""
+        return self._ctx
+
+    @property
+    def data(self) -> Tensor:
+        """The same data, detached from the graph."""
+        return Tensor._wrap(self._data, self._device)
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        self._data = value._data if isinstance(value, Tensor) else np.asarray(value)
+
+    @property
+    def is_meta(self) -> bool:
+        """Whether this tensor lives on the meta device (no data)."""
+        return self._device is META
+
+    @property
+    def is_cuda(self) -> bool:
+        """Always False: ember has no CUDA backend installed."""
+        return False
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a float type."""
+        return self._data.dtype.kind == "f" or self._data.dtype == _dt.bfloat16.np
+
+    def stride(self, dim: int | None = None):
+        """Strides in elements, as torch reports them."""
+        if self._device is META:
+            st, acc = [], 1
+            for s in reversed(self._data.shape):
+                st.append(acc)
+                acc *= max(s, 1)
+            st = tuple(reversed(st))
+        else:
+            st = tuple(s // self._data.itemsize for s in self._data.strides)
+        return st if dim is None else st[_wrap_dim(dim, self._data.ndim)]
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        """Whether elements are laid out densely in row-major order."""
+        if self._device is META:
+            return True
+        return bool(self._data.flags.c_contiguous)
+
+    def data_ptr(self) -> int:
+        """The address of the first element."""
+        return self._data.__array_interface__["data"][0]
+
+    def untyped_storage_nbytes(self) -> int:
+        """Bytes of the underlying buffer."""
+        base = self._data
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        return base.nbytes
+
+    # ---------------------------------------------------------------- conversion
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        """The data as a numpy array, sharing memory (zero-copy)."""
+        if self._device is META:
+            raise DeviceError("a meta tensor has no data; move it to 'cpu' with real values first")
+        if self.requires_grad and not force:
+            raise AutogradError("can't call numpy() on a tensor that requires grad; use .detach().numpy()")
+        return self._data
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if self._device is META:
+            raise DeviceError("a meta tensor has no data")
+        a = self._data
+        if dtype is not None and a.dtype != dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def item(self):
+        """The single value as a Python number."""
+        if self._data.size != 1:
+            raise ShapeError(f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar")
+        if self._device is META:
+            raise DeviceError("item() on a meta tensor: it has no data")
+        v = self._data.reshape(()).item() if self._data.dtype != _dt.bfloat16.np else float(self._data.reshape(()))
+        return v
+
+    def tolist(self):
+        """The data as (nested) Python lists."""
+        if self._device is META:
+            raise DeviceError("tolist() on a meta tensor: it has no data")
+        a = self._data
+        if a.dtype.kind not in "biuf":
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._data.dtype.kind not in "iu" or self._data.size != 1:
+            raise DTypeError("only integer tensors of a single element can be used as an index")
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        if self._data.size != 1:
+            raise ShapeError(f"boolean value of a tensor with {self._data.size} elements is ambiguous")
+        return bool(self.item())
+
+    def __len__(self) -> int:
+        if self._data.ndim == 0:
+            raise ShapeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise ShapeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._data.shape[0]))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self._device is META:
+            body = f"..., size={tuple(self._data.shape)}"
+            extra = ", device='meta'"
+        else:
+            a = self._data
+            if a.dtype == _dt.bfloat16.np:
+                a = a.astype(np.float32)
+            body = np.array2string(a, separator=", ", precision=4, threshold=1000, prefix="tensor(")
+        dt = self.dtype
+        if dt not in (_dt.float32, _dt.int64, _dt.bool_):
+            extra += f", dtype={dt!r}"
+        if self._ctx is not None:
+            extra += f", grad_fn=<{type(self._ctx).__name__}Backward>"
+        elif self.requires_grad:
+            extra += ", requires_grad=True"
+        return f"tensor({body}{extra})"
+
+    # ---------------------------------------------------------------- dtype / device
+    def to(self, *args, **kwargs) -> Tensor:
+        """Move and/or cast: to(dtype), to(device), to(device, dtype), to(other_tensor)."""
+        dtype = kwargs.pop("dtype", None)
+        device = kwargs.pop("device", None)
+        kwargs.pop("non_blocking", None)
+        copy = kwargs.pop("copy", False)
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            elif isinstance(a, (_dt.DType, np.dtype)) or type(a).__module__.startswith("torch"):
+                dtype = a
+            elif isinstance(a, Device) or (isinstance(a, str) and a.split(":")[0] in _DEVICE_NAMES):
+                device = a
+            elif a is not None:
+                dtype = a
+        out = self
+        if device is not None:
+            dev = as_device(device)
+            if dev is not self._device:
+                out = _ops().to_device(out, dev)
+        if dtype is not None:
+            out = _ops().cast(out, _dt.get_dtype(dtype))
+        if copy and out is self:
+            out = self.clone()
+        return out
+
+    def type(self, dtype=None):
+        """The dtype name, or a cast to dtype."""
+        if dtype is None:
+            return f"ember.{self.dtype.name}"
+        return self.to(dtype)
+
+    def float(self) -> Tensor:
+        """Cast to float32."""
+        return self.to(_dt.float32)
+
+    def double(self) -> Tensor:
+        """Cast to float64."""
+        return self.to(_dt.float64)
+
+    def half(self) -> Tensor:
+        """Cast to float16."""
+        return self.to(_dt.float16)
+
+    def bfloat16(self) -> Tensor:
+        """Cast to bfloat16."""
+        return self.to(_dt.bfloat16)
+
+    def long(self) -> Tensor:
+        """Cast to int64."""
+        return self.to(_dt.int64)
+
+    def int(self) -> Tensor:
+        """Cast to int32."""
+        return self.to(_dt.int32)
+
+    def short(self) -> Tensor:
+        """Cast to int16."""
+        return self.to(_dt.int16)
+
+    def char(self) -> Tensor:
+        """Cast to int8."""
+        return self.to(_dt.int8)
+
+    def byte(self) -> Tensor:
+        """Cast to uint8."""
+        return self.to(_dt.uint8)
+
+    def bool(self) -> Tensor:
+        """Cast to bool."""
+        return self.to(_dt.bool_)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the CPU."""
+        return self.to("cpu")
+
+    def cuda(self, device=None) -> Tensor:
+        """Raises DeviceError: no CUDA backend is installed."""
+        return self.to("cuda")
+
+    # ---------------------------------------------------------------- autograd
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set whether autograd records ops on this leaf."""
+        if not self.is_leaf and not requires_grad:
+            raise AutogradError("you can only change requires_grad flags of leaf variables")
+        if requires_grad and not (self.is_floating_point()):
+            raise DTypeError(f"only floating point tensors can require gradients, got {self.dtype}")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the graph (shares memory)."""
+        return Tensor._wrap(self._data, self._device)
+
+    def detach_(self) -> Tensor:
+        """Cut this tensor from the graph in place."""
+        self._ctx = None
+        self.requires_grad = False
+        return self
+
+    def retain_grad(self) -> None:
+        """Keep .grad for this non-leaf tensor after backward."""
+        if not self.requires_grad:
+            raise AutogradError("can't retain_grad on a tensor that doesn't require grad")
+        self._retain = True
+
+    @property
+    def retains_grad(self) -> bool:
+        """Whether backward stores .grad on this non-leaf."""
+        return self._retain
+
+    def register_hook(self, hook) -> None:
+        """Call hook(grad) when this tensor's gradient is computed; a returned tensor replaces it."""
+        if not self.requires_grad:
+            raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
+        self._hooks = (*self._hooks, hook)
+
+    def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False) -> None:
+        """Compute gradients of this tensor with respect to graph leaves."""
+        autograd.backward([self], None if gradient is None else [gradient], retain_graph)
+
+    # ---------------------------------------------------------------- in-place machinery
+    def _assign(self, out: Tensor) -> Tensor:
+        """Make ``out`` the new value of self in place (the core of every op_)."""
+        if out._ctx is not None:
+            if self._ctx is None and self.requires_grad:
+                raise AutogradError(
+                    "a leaf tensor that requires grad is used in an in-place operation; "
+                    "wrap it in ember.no_grad() or use the out-of-place op"
+                )
+            self._data = out._data.astype(self._data.dtype, copy=False)
+            self._ctx = out._ctx
+            self.requires_grad = True
+            return self
+        if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
+            raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
+        if self._device is META:
+            np.broadcast_shapes(out._data.shape, self._data.shape)
+            return self
+        src = out._data
+        if src.dtype != self._data.dtype:
+            if _dt.from_numpy_dtype(src.dtype).category > self.dtype.category:
+                raise DTypeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
+        if np.broadcast_shapes(src.shape, self._data.shape) != self._data.shape:
+            raise ShapeError(
+                f"in-place op: output with shape {self._data.shape} doesn't match the broadcast shape {src.shape}"
+            )
+        np.copyto(self._data, src, casting="unsafe")
+        return self
+
+
+_DEVICE_NAMES = ("cpu", "meta", "cuda")
+
+
+def _wrap_dim(dim: int, ndim: int) -> int:
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+_ops_mod = None
+
+
+def _ops():
+    global _ops_mod
+    if _ops_mod is None:
+        import ember.ops as m
+
+        _ops_mod = m
+    return _ops_mod
+
+
+autograd.Tensor = Tensor

@@ -1,0 +1,177 @@
+"""One helper to test an op against torch: forward, backward, dtypes, non-contiguous, meta.
+
+    check(ember.exp, torch.exp, [(3, 4)])                       # one line per op
+    check(lambda a, b: a + b, None, [(3, 1), (4,)])              # same lambda for both
+    gradcheck(ember.exp, [(3, 4)])                               # finite differences, float64
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import ember
+
+TORCH_DT = {
+    ember.float32: torch.float32, ember.float64: torch.float64, ember.float16: torch.float16,
+    ember.bfloat16: torch.bfloat16, ember.int64: torch.int64, ember.int32: torch.int32,
+    ember.int16: torch.int16, ember.int8: torch.int8, ember.uint8: torch.uint8, ember.bool: torch.bool,
+}  # fmt: skip
+TOL = {
+    ember.float64: (1e-10, 1e-10), ember.float32: (1e-5, 1e-5), ember.float16: (2e-3, 2e-3),
+    ember.bfloat16: (2e-2, 2e-2),
+}  # fmt: skip
+FLOATS = (ember.float32, ember.float64)
+
+
+def rand_array(shape, dtype, rng, low=-2.0, high=2.0, positive=False) -> np.ndarray:
+    """Random data of an ember dtype as a numpy array (ints in a small range, bools 50/50)."""
+    if dtype is ember.bool:
+        return rng.random(shape) < 0.5
+    if not dtype.is_floating_point:
+        lo = 0 if (positive or not dtype.is_signed) else -5
+        return rng.integers(lo + (1 if positive else 0), 6, shape).astype(dtype.np)
+    a = rng.uniform(0.1 if positive else low, high, shape)
+    return a.astype(dtype.np)
+
+
+def noncontig(a: np.ndarray) -> np.ndarray:
+    """The same values in a non-contiguous (transposed-storage) layout."""
+    if a.ndim < 2:
+        b = np.empty(a.shape[:-1] + (a.shape[-1] * 2,) if a.ndim else (), a.dtype)
+        if a.ndim:
+            b[..., ::2] = a
+            return b[..., ::2]
+        b[...] = a
+        return b
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """numpy (incl. ml_dtypes bfloat16) -> torch, same values."""
+    if a.dtype == ember.bfloat16.np:
+        return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.array(a, order="C", copy=True))
+
+
+def from_torch(t: torch.Tensor) -> np.ndarray:
+    """torch -> numpy, bfloat16 via float32."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(ember.bfloat16.np)
+    return t.numpy()
+
+
+def assert_close(e, t, dtype, what="", atol=None, rtol=None) -> None:
+    """Compare an ember result with a torch result: shape, dtype and values."""
+    if isinstance(t, (tuple, list)):
+        assert isinstance(e, (tuple, list)) and len(e) == len(t), f"{what}: {type(e)} vs {type(t)}"
+        for i, (ee, tt) in enumerate(zip(e, t)):
+            assert_close(ee, tt, dtype, f"{what}[{i}]", atol, rtol)
+        return
+    if not isinstance(t, torch.Tensor):
+        assert e == t or np.allclose(e, t), f"{what}: {e} vs {t}"
+        return
+    assert isinstance(e, ember.Tensor), f"{what}: expected a Tensor, got {type(e)}"
+    assert tuple(e.shape) == tuple(t.shape), f"{what}: shape {tuple(e.shape)} vs torch {tuple(t.shape)}"
+    assert str(e.dtype).split(".")[1] == str(t.dtype).split(".")[1], f"{what}: dtype {e.dtype} vs {t.dtype}"
+    a0, r0 = TOL.get(e.dtype, (0, 0))
+    ea = e.detach().numpy().astype(np.float64) if e.dtype is ember.bfloat16 else e.detach().numpy()
+    ta = from_torch(t)
+    ta = ta.astype(np.float64) if ta.dtype == ember.bfloat16.np else ta
+    np.testing.assert_allclose(ea, ta, atol=atol if atol is not None else a0, rtol=rtol if rtol is not None else r0,
+                               err_msg=what, equal_nan=True)  # fmt: skip
+
+
+def check(
+    efn,
+    tfn,
+    shapes,
+    dtypes=FLOATS,
+    grad: bool = True,
+    atol=None,
+    rtol=None,
+    positive: bool = False,
+    low: float = -2.0,
+    high: float = 2.0,
+    meta: bool = True,
+    contig_variants: bool = True,
+    seed: int = 0,
+) -> None:
+    """Run efn on ember tensors and tfn (default: efn) on torch tensors made from the same data.
+
+    shapes: list of input shapes (a non-tuple item is passed to both as is, e.g. a scalar).
+    Checks forward values/shape/dtype for each dtype, backward grads for float dtypes, the same on
+    non-contiguous inputs, and that the meta device gives the same output shape and dtype.
+    """
+    tfn = tfn or efn
+    rng = np.random.default_rng(seed)
+    for dt in dtypes:
+        base = [rand_array(s, dt, rng, low, high, positive) if isinstance(s, tuple) else s for s in shapes]
+        variants = [base]
+        if contig_variants:
+            variants.append([noncontig(a) if isinstance(a, np.ndarray) else a for a in base])
+        for k, arrays in enumerate(variants):
+            tag = f"{getattr(efn, '__name__', 'op')} {dt} {'noncontig' if k else 'contig'} shapes={shapes}"
+            want_grad = grad and dt.is_floating_point
+            e_in = [ember.from_numpy(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a for a in arrays]
+            t_in = [to_torch(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a for a in arrays]
+            t_out = tfn(*t_in)
+            e_out = efn(*e_in)
+            assert_close(e_out, t_out, dt, tag + " forward", atol, rtol)
+            if want_grad:
+                outs_t = t_out if isinstance(t_out, (tuple, list)) else [t_out]
+                outs_e = e_out if isinstance(e_out, (tuple, list)) else [e_out]
+                loss_t, loss_e = 0, 0
+                for ot, oe in zip(outs_t, outs_e):
+                    if isinstance(ot, torch.Tensor) and ot.requires_grad:
+                        w = rand_array(tuple(ot.shape), dt, rng)
+                        loss_t = loss_t + (ot * to_torch(w)).sum()
+                        loss_e = loss_e + (oe * ember.from_numpy(w)).sum()
+                if isinstance(loss_t, torch.Tensor):
+                    loss_t.backward()
+                    loss_e.backward()
+                    for i, (a, b) in enumerate(zip(e_in, t_in)):
+                        if isinstance(b, torch.Tensor) and b.requires_grad:
+                            if b.grad is None:
+                                assert a.grad is None or not np.any(a.grad.numpy()), f"{tag}: grad {i} should be None"
+                            else:
+                                assert a.grad is not None, f"{tag}: missing grad for input {i}"
+                                assert_close(a.grad, b.grad, dt, f"{tag} grad[{i}]", atol, rtol)
+            if meta and k == 0:
+                m_in = [x.detach().to("meta") if isinstance(x, ember.Tensor) else x for x in e_in]
+                m_out = efn(*m_in)
+                outs_m = m_out if isinstance(m_out, (tuple, list)) else [m_out]
+                outs_e = e_out if isinstance(e_out, (tuple, list)) else [e_out]
+                for om, oe in zip(outs_m, outs_e):
+                    if isinstance(oe, ember.Tensor):
+                        assert om.device == "meta", f"{tag}: meta output on {om.device}"
+                        assert om.shape == oe.shape and om.dtype == oe.dtype, f"{tag}: meta {om.shape}/{om.dtype}"
+
+
+def gradcheck(efn, shapes, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4, positive=False, low=-2.0, high=2.0, seed: int = 0) -> None:
+    """Compare ember's analytic gradient with central finite differences in float64."""
+    rng = np.random.default_rng(seed)
+    arrays = [rand_array(s, ember.float64, rng, low, high, positive) if isinstance(s, tuple) else s for s in shapes]
+    ins = [ember.from_numpy(a.copy()).requires_grad_() if isinstance(a, np.ndarray) else a for a in arrays]
+    out = efn(*ins)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    w = rng.standard_normal(tuple(out.shape))
+    (out * ember.from_numpy(w)).sum().backward()
+    for i, a in enumerate(arrays):
+        if not isinstance(a, np.ndarray):
+            continue
+        num = np.zeros_like(a)
+        flat = a.reshape(-1)
+        for j in range(flat.size):
+            old = flat[j]
+            vals = []
+            for d in (eps, -eps):
+                flat[j] = old + d
+                args = [ember.from_numpy(x.reshape(x.shape)) if isinstance(x, np.ndarray) else x for x in arrays]
+                o = efn(*args)
+                o = o[0] if isinstance(o, (tuple, list)) else o
+                vals.append(float((o.detach().numpy() * w).sum()))
+            flat[j] = old
+            num.reshape(-1)[j] = (vals[0] - vals[1]) / (2 * eps)
+        np.testing.assert_allclose(ins[i].grad.numpy(), num, atol=atol, rtol=rtol, err_msg=f"gradcheck input {i}")
