@@ -1,0 +1,1 @@
+"""Quantized weights: GGUF block formats, QTensor, and the kernels that multiply with them."""
