@@ -107,6 +107,13 @@ def meta_array(shape: tuple, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
+def elementwise_meta(self, *arrays, **kwargs):
+    """Meta rule for broadcasting ops: the broadcast shape, the dtype forward gives on 1-element inputs."""
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    out = self.forward(*(np.ones((1,) * a.ndim, a.dtype) for a in arrays), **kwargs)
+    return shape, np.asarray(out).dtype
+
+
 class Function:
     """An op: ``forward(*arrays, **kw) -> array`` and ``backward(grad) -> grads per input``.
 
@@ -287,6 +294,9 @@ def grad(
     outputs = [outputs] if not isinstance(outputs, Sequence) else list(outputs)
     if grad_outputs is not None and not isinstance(grad_outputs, Sequence):
         grad_outputs = [grad_outputs]
+    reachable = {id(t) for t in _topo(outputs)}
+    if not allow_unused and any(id(t) not in reachable for t in inputs):
+        raise AutogradError("one of the differentiated tensors was not used in the graph; pass allow_unused=True")
     with no_grad():
         got = _run_backward(
             outputs, _default_grads(outputs, grad_outputs), bool(retain_graph), {id(t) for t in inputs}

@@ -197,10 +197,10 @@ class Tensor:
 
     def item(self):
         """The single value as a Python number."""
-        if self._data.size != 1:
-            raise ShapeError(f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar")
         if self._device is META:
             raise DeviceError("item() on a meta tensor: it has no data")
+        if self._data.size != 1:
+            raise ShapeError(f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar")
         v = self._data.reshape(()).item() if self._data.dtype != _dt.bfloat16.np else float(self._data.reshape(()))
         return v
 

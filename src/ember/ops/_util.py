@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import dtypes as _dt
-from ember.autograd import Function, meta_array
+from ember.autograd import Function, elementwise_meta, meta_array
 from ember.device import META
 from ember.errors import DTypeError
 from ember.tensor import Tensor
@@ -39,6 +39,8 @@ def wrap_dims(dim, ndim: int) -> tuple:
 
 class Cast(Function):
     """Change dtype; the gradient is cast back."""
+
+    meta = elementwise_meta
 
     def forward(self, x, dtype):
         self.src = x.dtype

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ember import dtypes as _dt
-from ember.autograd import Function, meta_array, unbroadcast
+from ember.autograd import Function, elementwise_meta, meta_array, unbroadcast
 from ember.device import META
 from ember.errors import DeviceError, DTypeError
 from ember.ops._util import cast, coerce, to_float
@@ -26,15 +26,19 @@ def nondiff(f, *ts: Tensor, **kw) -> Tensor:
     for t in ts:
         if t._device is not dev:
             raise DeviceError(f"expected all tensors on one device, got {dev} and {t._device}")
-    out = np.asarray(f(*[t._data for t in ts], **kw))
     if dev is META:
-        out = meta_array(out.shape, out.dtype)
+        shape = np.broadcast_shapes(*(t._data.shape for t in ts))
+        out = np.asarray(f(*[np.ones((1,) * t._data.ndim, t._data.dtype) for t in ts], **kw))
+        return Tensor._wrap(meta_array(shape, out.dtype), dev)
+    out = np.asarray(f(*[t._data for t in ts], **kw))
     return Tensor._wrap(out, dev)
 
 
 # ------------------------------------------------------------------ unary
 class Unary(Function):
     """Base for x -> f(x); float16/bfloat16 compute in float32 like torch's opmath."""
+
+    meta = elementwise_meta
 
     def forward(self, x, **kw):
         lo = x.dtype if x.dtype in _LOW else None
@@ -303,6 +307,8 @@ def round(input: Tensor, decimals: int = 0) -> Tensor:
 class Add(Function):
     """a + alpha * b."""
 
+    meta = elementwise_meta
+
     def forward(self, a, b, alpha=1):
         self.sa, self.sb, self.alpha = a.shape, b.shape, alpha
         return a + b if alpha == 1 else a + alpha * b
@@ -315,6 +321,8 @@ class Add(Function):
 class Sub(Function):
     """a - alpha * b."""
 
+    meta = elementwise_meta
+
     def forward(self, a, b, alpha=1):
         self.sa, self.sb, self.alpha = a.shape, b.shape, alpha
         return a - b if alpha == 1 else a - alpha * b
@@ -325,6 +333,8 @@ class Sub(Function):
 
 class Mul(Function):
     """a * b."""
+
+    meta = elementwise_meta
 
     def forward(self, a, b):
         self.a, self.b = a, b
@@ -339,6 +349,8 @@ class Mul(Function):
 
 class Div(Function):
     """a / b (true division)."""
+
+    meta = elementwise_meta
 
     def forward(self, a, b):
         self.a, self.b = a, b
@@ -355,6 +367,8 @@ class Div(Function):
 
 class Pow(Function):
     """a ** b."""
+
+    meta = elementwise_meta
 
     def forward(self, a, b):
         with np.errstate(all="ignore"):
@@ -375,6 +389,8 @@ class Pow(Function):
 
 class Maximum(Function):
     """Elementwise max; ties split the gradient equally (as torch)."""
+
+    meta = elementwise_meta
 
     take = staticmethod(np.maximum)
 
@@ -400,6 +416,8 @@ class Minimum(Maximum):
 class Atan2(Function):
     """atan2(a, b)."""
 
+    meta = elementwise_meta
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return np.arctan2(a, b)
@@ -413,6 +431,8 @@ class Atan2(Function):
 class Where(Function):
     """cond ? a : b."""
 
+    meta = elementwise_meta
+
     def forward(self, c, a, b):
         self.c, self.sa, self.sb = c, a.shape, b.shape
         return np.where(c, a, b)
@@ -424,6 +444,8 @@ class Where(Function):
 
 class Remainder(Function):
     """Python-style modulus (sign of the divisor); gradient 1 for a, -floor(a/b) for b."""
+
+    meta = elementwise_meta
 
     def forward(self, a, b, fn):
         self.a, self.b, self.fn = a, b, fn
