@@ -1,0 +1,1 @@
+"""Text generation: tokenizers, chat templates, streaming, KV cache, samplers, the generate loop."""
