@@ -418,6 +418,18 @@ def _parse_type(t: str) -> tuple[GGUFValueType, str | None]:
         raise TypeError(f"unknown GGUF value type {t!r}") from None
 
 
+def _pack_numbers(values: list, code: str) -> bytes:
+    """Little-endian bytes of a numeric metadata array; refuses values that do not fit."""
+    dt = np.dtype(code)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        if not all(type(v) in (int, bool) or isinstance(v, np.integer) for v in values):
+            raise TypeError(f"{dt} arrays hold integers")
+        if values and not (info.min <= min(values) and max(values) <= info.max):
+            raise ValueError(f"values outside the {dt} range [{info.min}, {info.max}]")
+    return np.asarray(values, dtype=dt).tobytes()
+
+
 def _writer_class() -> type:
     from gguf import GGUFWriter
 
@@ -425,14 +437,20 @@ def _writer_class() -> type:
         """GGUFWriter that also packs empty and nested arrays with their declared types."""
 
         def _pack_val(self, val, vtype, add_vtype, sub_type=None):  # noqa: ANN001, ANN202
-            if vtype == GGUFValueType.ARRAY and isinstance(sub_type, str):
-                etype, inner = _parse_type(sub_type)
-                out = self._pack("I", vtype) if add_vtype else b""
-                out += self._pack("I", etype) + self._pack("Q", len(val))
+            if vtype != GGUFValueType.ARRAY or not isinstance(sub_type, str):
+                return super()._pack_val(val, vtype, add_vtype, sub_type)
+            etype, inner = _parse_type(sub_type)
+            out = [self._pack("I", vtype)] if add_vtype else []
+            out += [self._pack("I", etype), self._pack("Q", len(val))]
+            if etype in _SCALARS and etype != GGUFValueType.BOOL:
+                out.append(_pack_numbers(val, _SCALARS[etype][1]))
+            elif etype == GGUFValueType.STRING:
                 for item in val:
-                    out += self._pack_val(item, etype, add_vtype=False, sub_type=inner)
-                return out
-            return super()._pack_val(val, vtype, add_vtype, sub_type)
+                    b = item.encode("utf-8")
+                    out += [_U64.pack(len(b)), b]
+            else:
+                out += [self._pack_val(v, etype, add_vtype=False, sub_type=inner) for v in val]
+            return b"".join(out)
 
     return _Writer
 
