@@ -30,6 +30,7 @@ from ember.dtypes import DType as dtype
 from ember.ops import *  # noqa: F403
 from ember.ops import cast, to_device
 from ember.tensor import Size, Tensor
+from ember.threads import get_num_threads, set_num_threads
 
 bool = bool_  # noqa: A001  (torch.bool)
 float = float32  # noqa: A001  (torch.float)

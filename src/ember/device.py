@@ -44,14 +44,25 @@ class Device:
     def __hash__(self) -> int:
         return hash((self.type, self.index or 0))
 
+    def __enter__(self) -> Device:
+        """Make this the default device of factories inside a ``with`` block (torch.device style)."""
+        _default_stack.append(as_device(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _default_stack.pop()
+
 
 CPU = Device("cpu")
 META = Device("meta")
+_default_stack: list = [CPU]
 
 
 def as_device(spec) -> Device:
     """Resolve a device spec to CPU or META; 'cuda' raises DeviceError (no CUDA backend)."""
-    if spec is None or spec is CPU:
+    if spec is None:
+        return _default_stack[-1]
+    if spec is CPU:
         return CPU
     if spec is META:
         return META

@@ -7,7 +7,7 @@ import numpy as np
 from ember import dtypes as _dt
 from ember.autograd import Function, meta_array
 from ember.device import CPU, META
-from ember.ops import conv, creation, elementwise, index, linalg, movement, pool, random, reduce
+from ember.ops import conv, creation, elementwise, index, linalg, movement, pool, random, reduce, rope
 from ember.ops._util import cast
 from ember.ops.conv import *  # noqa: F403
 from ember.ops.creation import *  # noqa: F403
@@ -18,6 +18,7 @@ from ember.ops.movement import *  # noqa: F403
 from ember.ops.pool import *  # noqa: F403
 from ember.ops.random import *  # noqa: F403
 from ember.ops.reduce import *  # noqa: F403
+from ember.ops.rope import *  # noqa: F403
 from ember.tensor import Tensor
 
 _E = elementwise

@@ -1,0 +1,162 @@
+"""The generate loop: batched prefill, cached decode, samplers, stop tokens/strings, streaming."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+import ember
+from ember.errors import ShapeError
+from ember.generation.cache import KVCache
+from ember.generation.sampling import Sampler, SamplingParams
+
+
+def _as_batch(prompts) -> tuple[list[list[int]], bool]:
+    if len(prompts) and isinstance(prompts[0], (int, np.integer)):
+        return [list(map(int, prompts))], True
+    return [list(map(int, p)) for p in prompts], False
+
+
+def _fit_context(batch: list[list[int]], max_new: int, limit: int, truncate: bool) -> list[list[int]]:
+    longest = max(len(p) for p in batch)
+    if longest + max_new <= limit:
+        return batch
+    if not truncate:
+        raise ShapeError(
+            f"prompt of {longest} tokens + max_new_tokens={max_new} exceeds the model's context of "
+            f"{limit} tokens; shorten the prompt, lower max_new_tokens, or pass truncate=True "
+            "(drops the oldest prompt tokens)"
+        )
+    keep = limit - max_new
+    if keep <= 0:
+        raise ShapeError(f"max_new_tokens={max_new} alone exceeds the model's context of {limit} tokens")
+    return [p[-keep:] for p in batch]
+
+
+def generate_tokens(
+    model,
+    prompts: Sequence[int] | Sequence[Sequence[int]],
+    max_new_tokens: int = 128,
+    sampling: SamplingParams | None = None,
+    stop_token_ids: Sequence[int] = (),
+    truncate: bool = False,
+    pad_token_id: int = 0,
+) -> Iterator[list[int | None]]:
+    """Yield, per step, one new token id per prompt (None once that prompt has stopped)."""
+    params = sampling or SamplingParams()
+    batch, _ = _as_batch(prompts)
+    if any(len(p) == 0 for p in batch):
+        raise ShapeError("generate: every prompt needs at least one token")
+    cfg = model.config
+    limit = int(getattr(cfg, "max_position_embeddings", 1 << 30))
+    batch = _fit_context(batch, max_new_tokens, limit, truncate)
+    b = len(batch)
+    plen = max(len(p) for p in batch)
+    ids = np.full((b, plen), pad_token_id, np.int64)
+    mask = np.zeros((b, plen + max_new_tokens), bool)
+    for i, p in enumerate(batch):
+        ids[i, plen - len(p) :] = p
+        mask[i, plen - len(p) : plen] = True
+    padded = any(len(p) != plen for p in batch)
+    cache = KVCache(cfg.num_hidden_layers, b, cfg.num_key_value_heads, plen + max_new_tokens, cfg.head_dim)
+    samplers = [Sampler(SamplingParams(**{**params.__dict__, "seed": None if params.seed is None else params.seed + i})) for i in range(b)]
+    history = [list(p) for p in batch]
+    stops = set(int(s) for s in stop_token_ids)
+    alive = [True] * b
+    with ember.no_grad():
+        logits = model(ember.from_numpy(ids), attention_mask=mask[:, :plen] if padded else None, cache=cache, logits_to_keep=1)
+        for step in range(max_new_tokens):
+            rows = logits.numpy()[:, -1, :].astype(np.float32, copy=False)
+            out: list[int | None] = []
+            for i in range(b):
+                if not alive[i]:
+                    out.append(None)
+                    continue
+                tok = samplers[i](rows[i], np.asarray(history[i]) if _needs_history(params) else None)
+                history[i].append(tok)
+                if tok in stops:
+                    alive[i] = False
+                out.append(tok)
+            yield out
+            if not any(alive) or step == max_new_tokens - 1:
+                return
+            nxt = np.array([[t if t is not None else pad_token_id] for t in out], np.int64)
+            mask[:, plen + step] = True
+            logits = model(ember.from_numpy(nxt), attention_mask=mask[:, : plen + step + 1] if padded else None, cache=cache, logits_to_keep=1)
+
+
+def _needs_history(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+
+
+def _stop_split(text: str, stops: Sequence[str]) -> tuple[str, bool, int]:
+    """(text to keep, hit a stop string, chars to hold back because they may start one)."""
+    for s in stops:
+        i = text.find(s)
+        if i >= 0:
+            return text[:i], True, 0
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return text, False, hold
+
+
+def stream_text(
+    model,
+    tokenizer,
+    prompt: str | Sequence[int],
+    max_new_tokens: int = 128,
+    sampling: SamplingParams | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] | None = None,
+    add_special_tokens: bool = True,
+    truncate: bool = False,
+) -> Iterator[str]:
+    """Yield pieces of generated text as they come (never half a character, never a stop string)."""
+    ids = tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if isinstance(prompt, str) else list(prompt)
+    stops_ids = tokenizer.eos_token_ids if stop_token_ids is None else stop_token_ids
+    dec = tokenizer.stream(skip_special_tokens=True)
+    text, sent = "", 0
+    for (tok,) in generate_tokens(model, ids, max_new_tokens, sampling, stops_ids, truncate=truncate):
+        if tok is None or tok in stops_ids:
+            break
+        text += dec.put(tok)
+        keep, hit, hold = _stop_split(text, stop)
+        end = len(keep) if hit else len(keep) - hold
+        if end > sent:
+            yield keep[sent:end]
+            sent = end
+        if hit:
+            return
+    text += dec.flush()
+    keep, _, _ = _stop_split(text, stop)
+    if len(keep) > sent:
+        yield keep[sent:]
+
+
+def generate(
+    model,
+    tokenizer,
+    prompt: str | Sequence[str],
+    max_new_tokens: int = 128,
+    sampling: SamplingParams | None = None,
+    stop: Sequence[str] = (),
+    **kwargs,
+) -> str | list[str]:
+    """Generate the continuation of one prompt (a str) or of several (a list of str, batched)."""
+    if isinstance(prompt, str):
+        return "".join(stream_text(model, tokenizer, prompt, max_new_tokens, sampling, stop, **kwargs))
+    batch = [tokenizer.encode(p) for p in prompt]
+    stops_ids = set(tokenizer.eos_token_ids)
+    outs: list[list[int]] = [[] for _ in batch]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for step in generate_tokens(model, batch, max_new_tokens, sampling, stops_ids, pad_token_id=pad, **kwargs):
+        for i, t in enumerate(step):
+            if t is not None and t not in stops_ids:
+                outs[i].append(t)
+    texts = [tokenizer.decode(o, skip_special_tokens=True) for o in outs]
+    return [_stop_split(t, stop)[0] for t in texts]

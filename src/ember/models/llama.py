@@ -1,0 +1,226 @@
+"""The LLaMA family: Llama 1/2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM, TinyLlama.
+
+One decoder, configured from Hugging Face ``config.json`` names (or GGUF metadata through
+``ember.models.auto``). Differences between the members are flags on the config:
+``attention_bias`` (Qwen2: q/k/v carry a bias, o_proj does not), ``qk_norm`` (Qwen3: RMSNorm on
+each head's queries and keys), ``sliding_window`` (Mistral), ``rope_scaling`` (Llama 3) and
+``rope_interleaved`` (weights in GGUF row order rotate adjacent pairs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+import ember
+from ember import nn
+from ember.nn import functional as F
+from ember.ops.rope import apply_rotary, rope_cos_sin, rope_inv_freq
+
+
+@dataclass
+class LlamaConfig:
+    """Hyper-parameters, with Hugging Face's field names."""
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    attention_bias: bool = False
+    o_proj_bias: bool | None = None
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    tie_word_embeddings: bool = False
+    rope_interleaved: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list | None = None
+    model_type: str = "llama"
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.o_proj_bias is None:
+            self.o_proj_bias = self.attention_bias and self.model_type not in ("qwen2",)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ember.errors.ShapeError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LlamaConfig:
+        """Build from a config.json dict; model_type picks the family's defaults."""
+        d = dict(d)
+        mt = d.get("model_type", "llama")
+        if mt == "qwen2":
+            d.setdefault("attention_bias", True)
+        if mt == "qwen3":
+            d.setdefault("qk_norm", True)
+        if mt in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+            d["sliding_window"] = None
+        if isinstance(d.get("rope_parameters"), dict):  # transformers >= 5 nests rope settings
+            rp = d["rope_parameters"]
+            d.setdefault("rope_theta", rp.get("rope_theta", 10000.0))
+            if rp.get("rope_type", "default") != "default":
+                d.setdefault("rope_scaling", rp)
+        names = {f.name for f in fields(cls)}
+        known = {k: v for k, v in d.items() if k in names}
+        known["extra"] = {k: v for k, v in d.items() if k not in names}
+        return cls(**known)
+
+
+class LlamaAttention(nn.Module):
+    """Multi-head attention with grouped key/value heads and rotary positions."""
+
+    def __init__(self, cfg: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.interleaved = cfg.rope_interleaved
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, h, bias=cfg.o_proj_bias)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, mask, cache=None):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, cos, sin, self.interleaved)
+        k = apply_rotary(k, cos, sin, self.interleaved)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
+        self.act = cfg.hidden_act
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
+        return self.down_proj(g * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_idx)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embeddings, the decoder stack and the final norm."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """A LLaMA-family decoder with its language-model head."""
+
+    config_class = LlamaConfig
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0):
+        """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
+        ids = input_ids if isinstance(input_ids, ember.Tensor) else ember.tensor(input_ids)
+        if ids.ndim == 1:
+            ids = ids.unsqueeze(0)
+        b, t = ids.shape
+        past = cache.pos if cache is not None else 0
+        pad = None if attention_mask is None else np.asarray(attention_mask, dtype=bool).reshape(b, -1)
+        if position_ids is None:
+            if pad is not None:
+                pos = np.maximum(np.cumsum(pad, axis=1) - 1, 0)[:, past : past + t]
+            else:
+                pos = np.broadcast_to(np.arange(past, past + t), (b, t))
+        else:
+            pos = np.asarray(position_ids._data if isinstance(position_ids, ember.Tensor) else position_ids)
+            pos = np.broadcast_to(pos.reshape(-1, t), (b, t))
+        dtype = np.float32
+        cos, sin = rope_cos_sin(self._inv_freq, pos[:, None, :], dtype)
+        cos, sin = ember.from_numpy(cos), ember.from_numpy(sin)
+        mask = causal_mask(t, past, pad, self.config.sliding_window)
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, cache)
+        if cache is not None:
+            cache.advance(t)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self.lm_head(self.model.norm(x))
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads per layer (the KV cache's second dim)."""
+        return self.config.num_key_value_heads
+
+
+def causal_mask(t: int, past: int, pad: np.ndarray | None, window: int | None):
+    """Boolean (batch|1, 1, t, past + t) mask of allowed positions, or None when all are allowed."""
+    s = past + t
+    if t == 1 and pad is None and (window is None or s <= window):
+        return None
+    qpos = np.arange(past, s)[:, None]
+    kpos = np.arange(s)[None, :]
+    allowed = kpos <= qpos
+    if window is not None:
+        allowed &= kpos > qpos - window
+    allowed = allowed[None, None]
+    if pad is not None:
+        allowed = allowed & pad[:, None, None, :s]
+        allowed = allowed | ~allowed.any(-1, keepdims=True)  # fully padded rows attend anywhere
+    return ember.from_numpy(allowed)

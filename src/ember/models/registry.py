@@ -1,0 +1,11 @@
+"""model_type (config.json) -> model class."""
+
+from ember.models.llama import LlamaForCausalLM
+
+CAUSAL_LM = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "smollm": LlamaForCausalLM,
+}

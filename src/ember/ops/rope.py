@@ -1,0 +1,91 @@
+"""Rotary position embeddings (RoPE): frequency tables and the rotation as one op.
+
+Two layouts exist in the wild: Hugging Face rotates the two halves of each head
+("half-split", GPT-NeoX style); GGUF/llama.cpp checkpoints of the llama family store q/k rows
+permuted so that adjacent pairs rotate ("interleaved"). Both are the same rotation applied to
+differently ordered rows, so a model keeps the file's order and picks the matching layout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ember.autograd import Function
+from ember.errors import ShapeError
+from ember.tensor import Tensor
+
+
+def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: dict | None = None, rotary_dim: int | None = None) -> np.ndarray:
+    """Inverse frequencies (rotary_dim/2,) incl. linear, dynamic-free llama3 and yarn-free scaling."""
+    rd = rotary_dim or head_dim
+    inv = 1.0 / (theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        lo = float(scaling.get("low_freq_factor", 1.0))
+        hi = float(scaling.get("high_freq_factor", 4.0))
+        old = float(scaling.get("original_max_position_embeddings", 8192))
+        low_wl, high_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * out / factor + smooth * out
+        medium = (wavelen <= low_wl) & (wavelen >= high_wl)
+        return np.where(medium, mid, out)
+    from ember.errors import UnsupportedError
+
+    raise UnsupportedError(f"rope scaling type {kind!r} is not supported (linear, llama3 are)")
+
+
+def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray, dtype=np.float32, attention_factor: float = 1.0):
+    """cos and sin tables of shape positions.shape + (rotary_dim/2,)."""
+    ang = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq
+    return (np.cos(ang) * attention_factor).astype(dtype), (np.sin(ang) * attention_factor).astype(dtype)
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, sign: float) -> np.ndarray:
+    half = cos.shape[-1]
+    rd = 2 * half
+    out = np.empty_like(x)
+    if interleaved:
+        x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]
+        out[..., 0:rd:2] = x1 * cos - sign * x2 * sin
+        out[..., 1:rd:2] = x2 * cos + sign * x1 * sin
+    else:
+        x1, x2 = x[..., :half], x[..., half:rd]
+        out[..., :half] = x1 * cos - sign * x2 * sin
+        out[..., half:rd] = x2 * cos + sign * x1 * sin
+    if rd < x.shape[-1]:
+        out[..., rd:] = x[..., rd:]
+    return out
+
+
+class Rotary(Function):
+    """Rotate pairs of features by position-dependent angles; backward rotates back."""
+
+    def forward(self, x, cos, sin, interleaved):
+        self.cos, self.sin, self.interleaved = cos, sin, interleaved
+        return _rotate(x, cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False), interleaved, 1.0)
+
+    def backward(self, g):
+        c, s = self.cos.astype(g.dtype, copy=False), self.sin.astype(g.dtype, copy=False)
+        return _rotate(g, c, s, self.interleaved, -1.0), None, None
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """Apply RoPE to x (..., seq, head_dim) with cos/sin broadcastable to (..., seq, rotary_dim/2)."""
+    if 2 * cos.shape[-1] > x.shape[-1]:
+        raise ShapeError(f"apply_rotary: rotary dim {2 * cos.shape[-1]} exceeds head dim {x.shape[-1]}")
+    return Rotary.apply(x, cos, sin, interleaved=interleaved)
+
+
+__all__ = ["apply_rotary", "rope_inv_freq", "rope_cos_sin"]
+METHODS: dict = {}
