@@ -1,1 +1,33 @@
-"""Quantized weights: GGUF block formats, QTensor, and the kernels that multiply with them."""
+"""Quantized weights: GGUF block formats, QTensor, and the kernels that multiply with them.
+
+Array level only for now; ``QLinear`` and ``ember.quant.quantize(model, ...)`` come once
+``ember.nn`` exists (the name ``quantize`` is kept free for that).
+"""
+
+from ember.quant.formats import (
+    FORMATS,
+    QUANTIZE_TYPES,
+    SUPPORTED_TYPES,
+    BlockFormat,
+    block_format,
+    byte_shape,
+    dequantize,
+    nbytes_of,
+)
+from ember.quant.formats import quantize as quantize_array
+from ember.quant.kernels import KERNEL_TYPES
+from ember.quant.qtensor import QTensor
+
+__all__ = [
+    "FORMATS",
+    "KERNEL_TYPES",
+    "QUANTIZE_TYPES",
+    "SUPPORTED_TYPES",
+    "BlockFormat",
+    "QTensor",
+    "block_format",
+    "byte_shape",
+    "dequantize",
+    "nbytes_of",
+    "quantize_array",
+]

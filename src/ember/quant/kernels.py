@@ -1,0 +1,177 @@
+"""``y = x @ W.T`` for a weight W stored as GGUF blocks: kernel choice, references, fallbacks.
+
+Paths, picked by :func:`matmul_t`:
+
+* M == 1 (decode) with a numba kernel for the type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): a
+  matrix-vector kernel that reads the packed bytes once and never decodes the matrix.
+* M > 1 (prefill), or a type without a kernel: decode a tile of rows into a small float32
+  buffer (numba for the five types above, numpy otherwise) and let BLAS multiply the tile.
+* F32 weights go straight to BLAS on a view of the bytes.
+
+:func:`matmul_t_ref` is the pure-numpy reference every kernel is tested against and the
+path used when numba cannot be imported. numba is imported on the first kernel call only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ember.errors import DTypeError, ShapeError
+from ember.quant.formats import as_bytes, block_format, dequantize
+
+KERNEL_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+TILE_ELEMENTS = 1 << 20  # a prefill tile holds about this many float32 weights (4 MiB)
+DYNAMIC_MIN_BYTES = 1 << 21  # from this weight size on, row chunks are scheduled dynamically
+
+_numba_kernels = None  # the module, once imported; False when numba is unavailable
+_f16_lut: np.ndarray | None = None
+
+
+def f16_table() -> np.ndarray:
+    """float32 value of every fp16 bit pattern (256 KiB), built on first use."""
+    global _f16_lut
+    if _f16_lut is None:
+        _f16_lut = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    return _f16_lut
+
+
+def numba_kernels():
+    """The numba kernel module, or None when numba is not importable (or EMBER_NO_NUMBA=1)."""
+    global _numba_kernels
+    if _numba_kernels is None:
+        if os.environ.get("EMBER_NO_NUMBA", "") not in ("", "0"):
+            _numba_kernels = False
+        else:
+            try:
+                from ember.quant import _numba_kernels as mod
+            except ImportError:  # numba missing or broken: the numpy references take over
+                mod = False
+            _numba_kernels = mod
+    return _numba_kernels or None
+
+
+def _blocks3d(raw: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """A (rows, blocks per row, bytes per block) view of the packed bytes (no copy)."""
+    fmt = block_format(qtype)
+    return raw.reshape(n, k // fmt.block_size, fmt.type_size)
+
+
+def _check(raw: np.ndarray, qtype: str, shape: tuple[int, ...], x: np.ndarray, what: str):
+    if len(shape) != 2:
+        raise ShapeError(f"{what}: the weight must be 2-d (out_features, in_features), got {shape}")
+    n, k = shape
+    u8 = as_bytes(raw, qtype, shape, what)
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != k:
+        got = getattr(x, "shape", type(x).__name__)
+        raise ShapeError(f"{what}: x must be (M, {k}) to multiply a ({n}, {k}) weight, got {got}")
+    if x.dtype.kind not in "fiu":
+        raise DTypeError(f"{what}: x must hold real numbers, got dtype {x.dtype}")
+    return u8, n, k, np.ascontiguousarray(x, dtype=np.float32)
+
+
+def matmul_t_ref(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
+    """Reference ``x @ W.T``: decode tiles of W with numpy, multiply each with BLAS."""
+    fmt = block_format(qtype)
+    u8, n, k, x = _check(raw, fmt.name, tuple(shape), x, f"matmul_t_ref({fmt.name})")
+    out = np.empty((x.shape[0], n), np.float32)
+    if out.size == 0:
+        return out
+    if k == 0:
+        out[:] = 0
+        return out
+    if fmt.name == "F32":
+        return np.matmul(x, u8.view(np.float32).reshape(n, k).T, out=out)
+    row_bytes = k // fmt.block_size * fmt.type_size
+    rows = u8.reshape(n, row_bytes)
+    tile = max(1, TILE_ELEMENTS // k)
+    for r0 in range(0, n, tile):
+        r1 = min(n, r0 + tile)
+        w = dequantize(rows[r0:r1], fmt.name, (r1 - r0, k))
+        out[:, r0:r1] = x @ w.T
+    return out
+
+
+def _chunk_rows(n: int) -> int:
+    """Rows per parallel work item: about 8 items per thread, at least 4 rows each."""
+    import numba
+
+    return max(4, -(-n // (8 * numba.get_num_threads())))
+
+
+def matvec_blocks(mod, w3: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
+    """Unchecked kernel call: w3 is the (N, blocks, bytes) view, x float32 of length K."""
+    n, nb, _ = w3.shape
+    y = np.empty(n, np.float32)
+    xb = x.reshape(nb, -1)
+    if qtype == "Q4_0":  # per-lane offset terms, see the kernel docstrings
+        aux = np.float32(-8.0) * (xb[:, :16] + xb[:, 16:])
+    elif qtype == "Q4_1":
+        aux = xb[:, :16] + xb[:, 16:]
+    else:
+        aux = xb
+    if w3.nbytes < DYNAMIC_MIN_BYTES:
+        mod.MATVEC[qtype](w3, f16_table(), xb, aux, y, _chunk_rows(n))
+        return y
+    import numba
+
+    # Hand row chunks out one at a time so that a core busy with something else does not
+    # hold back the whole product (static halves would wait for the slower core).
+    old = numba.set_parallel_chunksize(1)
+    try:
+        mod.MATVEC[qtype](w3, f16_table(), xb, aux, y, _chunk_rows(n))
+    finally:
+        numba.set_parallel_chunksize(old)
+    return y
+
+
+def matvec(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
+    """``W @ x`` for one vector x of length K, by the numba kernel of ``qtype`` (shape (N,))."""
+    fmt = block_format(qtype)
+    x = np.asarray(x)
+    u8, n, k, x2 = _check(raw, fmt.name, tuple(shape), x.reshape(1, -1), f"matvec({fmt.name})")
+    mod = numba_kernels()
+    if mod is None or fmt.name not in KERNEL_TYPES or n == 0 or k == 0:
+        return matmul_t_ref(u8, fmt.name, (n, k), x2)[0]
+    return matvec_blocks(mod, _blocks3d(u8, fmt.name, n, k), fmt.name, x2[0])
+
+
+def dequantize_rows(raw: np.ndarray, qtype: str, shape: tuple[int, int], r0: int, r1: int,
+                    out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Rows ``[r0, r1)`` of W as float32 (numba where it has a kernel, numpy otherwise)."""
+    fmt = block_format(qtype)
+    n, k = shape
+    u8 = as_bytes(raw, fmt.name, shape, f"dequantize_rows({fmt.name})")
+    if not 0 <= r0 <= r1 <= n:
+        raise ShapeError(f"dequantize_rows: row range [{r0}, {r1}) outside 0..{n}")
+    if out is None:
+        out = np.empty((r1 - r0, k), np.float32)
+    mod = numba_kernels()
+    if mod is not None and fmt.name in KERNEL_TYPES and r1 > r0 and k > 0:
+        mod.DEQUANT_ROWS[fmt.name](_blocks3d(u8, fmt.name, n, k), f16_table(), r0, r1, out)
+        return out
+    row_bytes = k // fmt.block_size * fmt.type_size
+    rows = u8.reshape(n, row_bytes)[r0:r1]
+    out[...] = dequantize(rows, fmt.name, (r1 - r0, k))
+    return out
+
+
+def matmul_t(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
+    """``x @ W.T`` for x of shape (M, K) and W of logical shape (N, K) in ``qtype`` blocks."""
+    fmt = block_format(qtype)
+    u8, n, k, x = _check(raw, fmt.name, tuple(shape), x, f"matmul_t({fmt.name})")
+    m = x.shape[0]
+    mod = numba_kernels()
+    if mod is None or fmt.name not in KERNEL_TYPES or n == 0 or k == 0 or m == 0:
+        return matmul_t_ref(u8, fmt.name, (n, k), x)
+    if m == 1:
+        return matvec(u8, fmt.name, (n, k), x[0]).reshape(1, n)
+    out = np.empty((m, n), np.float32)
+    tile = max(1, TILE_ELEMENTS // k)
+    buf = np.empty((min(tile, n), k), np.float32)
+    for r0 in range(0, n, tile):
+        r1 = min(n, r0 + tile)
+        w = dequantize_rows(u8, fmt.name, (n, k), r0, r1, out=buf[: r1 - r0])
+        out[:, r0:r1] = x @ w.T
+    return out
