@@ -1,0 +1,137 @@
+"""Quantized matrix-vector products: GB/s of weight bytes read, against memory bandwidth.
+
+For each matrix (4096x4096 and 576x1536, torch order (out, in)) and each numba kernel type,
+time ``QTensor.matmul_t(x)`` for one vector x (the decode case) and report the weight bytes
+it reads per second. In the same run: the machine's read bandwidth (a 2-thread numba
+streaming sum over 1 GiB, plus numpy's 1-thread ``a.sum()`` for comparison) and float32 BLAS
+``W @ x`` on the same matrix. Appends the table and the command to bench/RESULTS.md.
+
+    .venv/bin/python bench/quant.py [--threads 2] [--repeat 200] [--no-append]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+SHAPES = [(4096, 4096), (576, 1536)]
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+BW_BYTES = 1 << 30
+
+
+def timed(fn, repeat: int) -> list[float]:
+    """Wall-clock seconds of ``repeat`` calls after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bandwidth(repeat: int) -> tuple[float, float]:
+    """(2-thread numba streaming-sum GB/s, 1-thread numpy sum GB/s) over 1 GiB of float32."""
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=True, nogil=True)
+    def psum(a, chunks):
+        step = a.size // chunks
+        part = np.zeros(chunks, np.float32)
+        for c in prange(chunks):
+            s = np.float32(0)
+            for i in range(c * step, (c + 1) * step):
+                s += a[i]
+            part[c] = s
+        return part.sum()
+
+    a = np.ones(BW_BYTES // 4, np.float32)
+    best_numba = min(timed(lambda: psum(a, 256), max(3, repeat // 40)))
+    best_numpy = min(timed(a.sum, max(3, repeat // 40)))
+    return a.nbytes / best_numba / 1e9, a.nbytes / best_numpy / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--no-append", action="store_true", help="print only")
+    args = ap.parse_args()
+
+    import numba
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from ember.quant import QTensor
+
+    numba.set_num_threads(args.threads)
+    limits = threadpool_limits(limits=args.threads)
+    load = os.getloadavg()
+    bw, bw_np = bandwidth(args.repeat)
+    blas = [
+        f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')}, "
+        f"{i.get('num_threads')} threads)"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
+    rng = np.random.default_rng(0)
+    rows = []
+    for n, k in SHAPES:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        x = rng.standard_normal(k).astype(np.float32)
+        t = statistics.median(timed(lambda w=w, x=x: np.dot(w, x), args.repeat))
+        rows.append((f"{n}x{k}", "f32 BLAS", w.nbytes, t, 1.0))
+        t_blas = t
+        for qtype in TYPES:
+            q = QTensor.from_float(w, qtype)
+            t = statistics.median(timed(lambda q=q, x=x: q.matmul_t(x), args.repeat))
+            rows.append((f"{n}x{k}", qtype, q.nbytes, t, t_blas / t))
+    limits.restore_original_limits()
+
+    lines = [
+        f"### quant matvec - {datetime.date.today()} - {platform.machine()}, "
+        f"{os.cpu_count()} cpus, {args.threads} threads",
+        "",
+        f"Command: `{' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}`",
+        "",
+        f"Memory read bandwidth: {bw:.1f} GB/s (2-thread numba streaming sum over 1 GiB "
+        f"float32; numpy 1-thread `a.sum()`: {bw_np:.1f} GB/s). Ratios below use {bw:.1f}.",
+        f"BLAS: {'; '.join(blas) or 'unknown'}; numba {numba.__version__}, threading layer "
+        f"{numba.threading_layer()}. Load average at start: {load[0]:.2f}.",
+        "",
+        "| matrix | kernel | weight MB | median ms | GB/s | % of bandwidth | speed-up vs f32 |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for shape, kind, nbytes, t, speed in rows:
+        gbs = nbytes / t / 1e9
+        lines.append(
+            f"| {shape} | {kind} | {nbytes / 1e6:.2f} | {t * 1e3:.3f} | {gbs:.1f} | "
+            f"{100 * gbs / bw:.0f}% | {speed:.2f}x |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_append:
+        path = os.path.join(ROOT, "bench", "RESULTS.md")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(
+                    "# Benchmark results\n\nAppend-only log written by the scripts in bench/. "
+                    "Each entry names the command that produced it.\n"
+                )
+        with open(path, "a") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
