@@ -1,0 +1,141 @@
+"""Joining tensors: cat, stack, hstack, vstack, dstack, column_stack (all copy, as in PyTorch).
+
+Re-exported by ember.ops.movement, which imports this module; the views it needs (unsqueeze,
+atleast_*) are therefore imported from movement inside the functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember import dtypes as _dt
+from ember.autograd import Function
+from ember.errors import ShapeError
+from ember.ops._util import cast, wrap_dim
+from ember.tensor import Tensor
+
+
+class Cat(Function):
+    """Concatenate along a dim."""
+
+    def forward(self, *xs, dim):
+        self.dim = dim
+        self.sizes = [x.shape[dim] for x in xs]
+        return np.concatenate(xs, axis=dim)
+
+    def meta(self, *xs, dim):
+        s = xs[0].shape
+        return s[:dim] + (sum(x.shape[dim] for x in xs),) + s[dim + 1 :], xs[0].dtype
+
+    def backward(self, g):
+        idx = np.cumsum(self.sizes)[:-1]
+        return tuple(np.split(g, idx, axis=self.dim))
+
+
+class _Copy(Function):
+    def forward(self, x):
+        return x.copy()
+
+    def backward(self, g):
+        return g
+
+
+def _common(tensors, op: str) -> list:
+    """The tensors as a list, promoted to one dtype (torch.result_type over all of them)."""
+    if isinstance(tensors, Tensor):
+        raise ShapeError(f"{op}: expected a sequence of tensors, got a single Tensor")
+    tensors = list(tensors)
+    if len(tensors) == 0:
+        raise ShapeError(f"{op}: expected a non-empty list of tensors")
+    dt = tensors[0].dtype
+    for x in tensors[1:]:
+        if x.dtype is not dt:
+            dt = _dt.promote_types(dt, x.dtype)
+    return [cast(x, dt) for x in tensors]
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    """Concatenate tensors along an existing dim (1-d empty tensors are skipped, as in torch)."""
+    tensors = _common(tensors, "cat")
+    kept = [x for x in tensors if not (x._data.ndim == 1 and x._data.shape[0] == 0)]
+    kept = kept or tensors[:1]
+    nd = kept[0]._data.ndim
+    if nd == 0:
+        raise ShapeError("cat: zero-dimensional tensor cannot be concatenated")
+    d = wrap_dim(dim, nd)
+    ref = kept[0]._data.shape
+    for i, x in enumerate(kept[1:], 1):
+        s = x._data.shape
+        if len(s) != nd:
+            raise ShapeError(
+                f"cat: tensors must have the same number of dims: got {nd} and {len(s)}"
+            )
+        if s[:d] + s[d + 1 :] != ref[:d] + ref[d + 1 :]:
+            raise ShapeError(
+                f"cat: sizes of tensors must match except in dimension {d}: "
+                f"got {list(ref)} and {list(s)} (tensor {i})"
+            )
+    if len(kept) == 1:
+        return _Copy.apply(kept[0])
+    return Cat.apply(*kept, dim=d)
+
+
+concat = concatenate = cat
+
+
+def stack(tensors, dim: int = 0) -> Tensor:
+    """Stack same-shape tensors along a new dim."""
+    from ember.ops.movement import unsqueeze
+
+    tensors = _common(tensors, "stack")
+    ref = tensors[0]._data.shape
+    for x in tensors[1:]:
+        if x._data.shape != ref:
+            raise ShapeError(
+                f"stack expects equal-size tensors, got {list(ref)} and {list(x.shape)}"
+            )
+    nd = len(ref) + 1
+    if not -nd <= dim < nd:
+        raise IndexError(f"stack: dimension out of range (expected [{-nd}, {nd - 1}], got {dim})")
+    d = dim % nd
+    ts = [unsqueeze(x, d) for x in tensors]
+    return _Copy.apply(ts[0]) if len(ts) == 1 else Cat.apply(*ts, dim=d)
+
+
+def hstack(tensors) -> Tensor:
+    """Concatenate along dim 1 (dim 0 for 1-d tensors)."""
+    from ember.ops.movement import atleast_1d
+
+    ts = _common(atleast_1d(list(tensors)), "hstack")
+    return cat(ts, 0 if ts[0]._data.ndim == 1 else 1)
+
+
+def vstack(tensors) -> Tensor:
+    """Concatenate along dim 0 after viewing each tensor as at least 2-d."""
+    from ember.ops.movement import atleast_2d
+
+    return cat(atleast_2d(list(tensors)), 0)
+
+
+row_stack = vstack
+
+
+def dstack(tensors) -> Tensor:
+    """Concatenate along dim 2 after viewing each tensor as at least 3-d."""
+    from ember.ops.movement import atleast_3d
+
+    return cat(atleast_3d(list(tensors)), 2)
+
+
+def column_stack(tensors) -> Tensor:
+    """Stack 0/1-d tensors as columns (n -> (n, 1)) and concatenate along dim 1."""
+    from ember.ops.movement import reshape
+
+    return cat([reshape(x, x._data.size, 1) if x._data.ndim <= 1 else x for x in tensors], 1)
+
+
+__all__ = [
+    "cat", "concat", "concatenate", "stack", "hstack", "vstack", "row_stack", "dstack",
+    "column_stack",
+]  # fmt: skip
+METHODS: dict = {}
