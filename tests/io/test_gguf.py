@@ -284,3 +284,15 @@ def test_minimal_files_open(tmp_path):
     p.write_bytes(build(tis=[tinfo("z", (0, 5))]))  # zero-size tensor needs no data
     z = open_gguf(p).tensors["z"]
     assert z.shape == (5, 0) and z.data.shape == (5, 0) and z.nbytes == 0
+
+
+@pytest.mark.parametrize("name", ["token_embd.weight", "blk.3.attn_q.weight"])
+def test_real_blocks_feed_ember_quant(smollm, name):
+    from ember.quant import dequantize
+
+    t = smollm.tensors[name]
+    rows = t.data[:64]  # a slice of raw block rows is itself valid block data
+    want = gguf.quants.dequantize(rows, T[t.qtype])
+    got = dequantize(rows, t.qtype, (64, t.shape[1]))
+    assert got.shape == want.shape == (64, t.shape[1])
+    assert np.allclose(got, want, rtol=0, atol=1e-6)

@@ -11,6 +11,7 @@ from ember.io.safetensors import (
     open_safetensors_index,
     save_safetensors,
 )
+from ember.io.torch_pickle import load_torch
 
 __all__ = [
     "GGUFFile",
@@ -20,6 +21,7 @@ __all__ = [
     "ShardedSafetensors",
     "load_safetensors",
     "load_safetensors_dir",
+    "load_torch",
     "open_gguf",
     "open_safetensors",
     "open_safetensors_index",
