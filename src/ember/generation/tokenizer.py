@@ -275,10 +275,8 @@ class Tokenizer:
         for name in ("generation_config.json", "config.json"):
             value = read(name).get("eos_token_id")
             eos_ids += value if isinstance(value, list) else [] if value is None else [value]
-        kwargs: dict[str, Any] = {}
-        if "add_bos_token" in config or "add_eos_token" in config:  # as transformers decides
-            kwargs["add_bos_token"] = bool(config.get("add_bos_token", False))
-            kwargs["add_eos_token"] = bool(config.get("add_eos_token", False))
+        # bos/eos are added by tokenizer.json's post-processor; like transformers, ignore the
+        # config's add_bos_token/add_eos_token when a tokenizer.json is present.
         return cls.from_file(
             path,
             bos_token=token("bos_token"),
@@ -287,7 +285,6 @@ class Tokenizer:
             pad_token=token("pad_token"),
             chat_template=template,
             eos_token_ids=eos_ids,
-            **kwargs,
         )
 
     @classmethod
