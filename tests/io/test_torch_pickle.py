@@ -109,7 +109,7 @@ def checkpoint_objects():
 @pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
 def test_torch_save_roundtrip(tmp_path, zip_format):
     objs = checkpoint_objects()
-    if not zip_format:  # legacy saving has no uint16/uint32/float8 storages
+    if not zip_format:  # torch.load cannot read these back from legacy files (see below)
         for k in ("u16", "u32", "f8", "f8b"):
             del objs[k]
     path = tmp_path / "ckpt.pt"
@@ -125,6 +125,18 @@ def test_torch_save_roundtrip(tmp_path, zip_format):
     assert ours["shared_a"].strides == (16, 4) and ours["shared_b"].strides == (12,)
     assert ours["transposed"].strides == (4, 16) and ours["expanded"].strides == (0, 4)
     assert all(not a.flags.writeable for a in (ours["f32"], ours["shared_a"], ours["param"]))
+
+
+def test_legacy_files_with_untyped_storages(tmp_path):
+    # torch.save writes uint16/uint32/float8 to legacy files as UntypedStorage + v3 rebuilds;
+    # torch.load fails on them (no .dtype on UntypedStorage), ember reads them
+    objs = {k: v for k, v in checkpoint_objects().items() if k in ("u16", "u32", "f8", "f8b")}
+    objs["f32"] = torch.randn(3)
+    path = tmp_path / "l.pt"
+    torch.save(objs, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(AttributeError):
+        torch.load(path, weights_only=True)
+    assert_tree_equal(load_torch(path), objs)
 
 
 @pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])

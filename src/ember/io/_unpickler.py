@@ -72,12 +72,21 @@ class StorageType:
 
 
 class Storage:
-    """A flat typed buffer (a view into the file, or a copy) that tensors are rebuilt from."""
+    """A flat typed buffer (a view into the file, or a copy) that tensors are rebuilt from.
 
-    __slots__ = ("array",)
+    A storage without an array stands in for one whose bytes are not located yet (the first
+    pass over a legacy file): tensors on it are checked, not built.
+    """
 
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
+    __slots__ = ("array", "dtype", "numel")
+
+    def __init__(self, array: np.ndarray | None, dtype: np.dtype, numel: int) -> None:
+        self.array, self.dtype, self.numel = array, dtype, numel
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> Storage:
+        """A storage over a flat array."""
+        return cls(array, array.dtype, array.size)
 
 
 class _Marker:
@@ -110,11 +119,13 @@ def rebuild(
         raise FormatError(
             f"tensor storage must come from a persistent id, found {type(storage).__name__}"
         )
-    base = storage.array
-    if dtype is not None and dtype != base.dtype:  # untyped (byte) storage + dtype
-        if base.nbytes % dtype.itemsize:
-            raise FormatError(f"storage of {base.nbytes} bytes does not hold whole {dtype} items")
-        base = base.view(dtype)
+    base, dt, n_items = storage.array, storage.dtype, storage.numel
+    if dtype is not None and dtype != dt:  # untyped (byte) storage + dtype
+        nbytes = n_items * dt.itemsize
+        if nbytes % dtype.itemsize:
+            raise FormatError(f"storage of {nbytes} bytes does not hold whole {dtype} items")
+        dt, n_items = dtype, nbytes // dtype.itemsize
+        base = None if base is None else base.view(dtype)
     size, stride = _ints(size, "size"), _ints(stride, "stride")
     if type(offset) is not int or offset < 0 or len(size) != len(stride) or len(size) > 64:
         raise FormatError(f"bad tensor layout: offset {offset!r}, size {size}, stride {stride}")
@@ -124,17 +135,20 @@ def rebuild(
         nonzero *= s or 1
     if nonzero >= MAX_ELEMENTS:
         raise FormatError(f"tensor size {list(size)} is too large")
+    if numel:
+        last = offset + sum((s - 1) * st for s, st in zip(size, stride))
+        if last >= n_items:
+            raise FormatError(
+                f"tensor (offset {offset}, size {list(size)}, stride {list(stride)}) reaches "
+                f"element {last} of a storage holding {n_items}"
+            )
+    if base is None:
+        return np.empty(0, dt)  # checked only; the real pass builds it
     if numel == 0:
-        out = np.empty(size, base.dtype)
+        out = np.empty(size, dt)
         out.flags.writeable = base.flags.writeable
         return out
-    last = offset + sum((s - 1) * st for s, st in zip(size, stride))
-    if last >= base.size:
-        raise FormatError(
-            f"tensor (offset {offset}, size {list(size)}, stride {list(stride)}) reaches element "
-            f"{last} of a storage holding {base.size}"
-        )
-    item = base.dtype.itemsize
+    item = dt.itemsize
     # as_strided goes through __array_interface__, which cannot name ml_dtypes types: stride a
     # same-sized void view, then view it back.
     out = np.lib.stride_tricks.as_strided(
@@ -143,7 +157,7 @@ def rebuild(
         strides=tuple(st * item for st in stride),
         writeable=base.flags.writeable,
     )
-    return out.view(base.dtype)
+    return out.view(dt)
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride):

@@ -62,7 +62,7 @@ def _load_zip(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
         infos = {i.filename: i for i in zf.infolist()}
     except Exception as e:  # zipfile fails on hostile archives with many exception types
         raise fail(path, f"not a readable zip archive ({type(e).__name__}: {e})") from None
-    pkls = [n for n in infos if n.endswith("data.pkl") and n.count("/") <= 1]
+    pkls = [n for n in infos if n == "data.pkl" or (n.endswith("/data.pkl") and n.count("/") == 1)]
     if len(pkls) != 1:
         raise fail(path, f"expected one '<name>/data.pkl' record in the archive, found {pkls}")
     prefix = pkls[0][: -len("data.pkl")]
@@ -102,7 +102,7 @@ def _load_zip(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
         raw = storages[key]
         if raw.nbytes % stype.dtype.itemsize:
             raise fail(path, f"storage {key!r} of {raw.nbytes} bytes read as {stype.dtype}")
-        return Storage(raw.view(stype.dtype))
+        return Storage.of(raw.view(stype.dtype))
 
     try:
         return restricted_load(io.BytesIO(pickle_bytes), load_storage, f"{path}:{pkls[0]}")
@@ -158,8 +158,8 @@ def _load_legacy(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
             raise fail(path, f"storage {key!r} claims {numel} x {dt}, more than the whole file")
         if records.setdefault(key, (dt, numel)) != (dt, numel):
             raise fail(path, f"storage {key!r} is declared with two different types or sizes")
-        lo, n = _view_range(path, pid, numel)
-        return Storage(np.broadcast_to(np.zeros(1, dt), (numel,))[lo : lo + n])
+        _, n = _view_range(path, pid, numel)
+        return Storage(None, dt, n)
 
     where = f"{path}: main pickle"
     restricted_load(mm, record, where)
@@ -191,7 +191,7 @@ def _load_legacy(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
     def resolve(pid: tuple) -> Storage:
         base = located[pid[2]]
         lo, n = _view_range(path, pid, base.size)
-        return Storage(base[lo : lo + n])
+        return Storage.of(base[lo : lo + n])
 
     mm.seek(start)
     return restricted_load(mm, resolve, where)
