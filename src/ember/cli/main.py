@@ -12,6 +12,8 @@ COMMANDS = {
     "generate": "Generate text from a prompt (bundled SmolLM2 by default).",
     "chat": "Chat interactively (history, /reset, streaming).",
     "info": "Show a model's architecture, parameters, quantization and memory.",
+    "convert": "Convert model files: pt/pth/bin -> safetensors, safetensors <-> GGUF, GGUF -> folder.",
+    "inspect": "Show a model file's format, metadata, tensor table, dtypes and sizes.",
 }
 
 

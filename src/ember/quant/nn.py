@@ -7,6 +7,7 @@ import numpy as np
 import ember
 from ember import nn
 from ember.errors import DTypeError, ShapeError
+from ember.quant.formats import dequantize
 
 
 class QLinear(nn.Module):
@@ -40,8 +41,13 @@ class QEmbedding(nn.Module):
         if idx.dtype.kind not in "iu":
             raise DTypeError(f"embedding indices must be integers, got {idx.dtype}")
         if idx.size and (idx.min() < -self.num_embeddings or idx.max() >= self.num_embeddings):
-            raise IndexError(f"embedding index out of range for a table of {self.num_embeddings} rows")
-        rows = self.weight.dequantize_rows(idx.reshape(-1) % self.num_embeddings)
+            raise IndexError(
+                f"embedding index out of range for a table of {self.num_embeddings} rows"
+            )
+        flat = idx.reshape(-1) % self.num_embeddings
+        w = self.weight
+        raw = w.data.reshape(self.num_embeddings, -1)[flat]
+        rows = dequantize(raw, w.qtype, (flat.size, self.embedding_dim))
         return ember.from_numpy(rows.reshape(idx.shape + (self.embedding_dim,)))
 
     def extra_repr(self) -> str:
