@@ -195,8 +195,13 @@ def _addprod(input: Tensor, prod: Tensor, beta, alpha, op: str) -> Tensor:
             f"{prod._data.shape}"
         ) from None
     prod = _scaled(prod, alpha)
-    if beta == 0:
-        return prod
+    if beta == 0:  # input is ignored (its nan/inf do not propagate); its gradient is zero
+        if not input.requires_grad:
+            return prod
+        from ember.ops.creation import zeros
+        from ember.ops.elementwise import where
+
+        return where(zeros(prod.shape, dtype=_dt.bool_, device=prod.device), input, prod)
     return add(_scaled(input, beta), prod)
 
 
