@@ -178,14 +178,14 @@ def _spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[st
     way to cut a token into two tokens becomes a merge, ranked by that token's score.
     """
     vocab = {t: i for i, t in enumerate(tokens)}
-    ranked = []
-    for token, index in vocab.items():
+    merges = []
+    for index in sorted(vocab.values(), key=lambda i: (-scores[i], i)):
+        token = tokens[index]
         for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                ranked.append((-scores[index], index, cut, left, right))
-    ranked.sort()
-    return [(left, right) for *_, left, right in ranked]
+            left = token[:cut]
+            if left in vocab and token[cut:] in vocab:
+                merges.append((left, token[cut:]))
+    return merges
 
 
 class Tokenizer:
@@ -447,7 +447,9 @@ class Tokenizer:
         self._hold_ids: frozenset[int] = frozenset()
         if '"ByteFallback"' in text:
             vocab = self._backend.get_vocab(with_added_tokens=False)
-            self._hold_ids = frozenset(i for t, i in vocab.items() if _BYTE_TOKEN.match(t))
+            self._hold_ids = frozenset(
+                i for t, i in vocab.items() if t.startswith("<0x") and _BYTE_TOKEN.match(t)
+            )
 
     # --- encoding and decoding ----------------------------------------------------------------
 
