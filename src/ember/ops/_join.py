@@ -16,20 +16,22 @@ from ember.tensor import Tensor
 
 
 class Cat(Function):
-    """Concatenate along a dim."""
+    """Concatenate along a dim; inputs flagged in `skip` (legacy 1-d empties) take no part."""
 
-    def forward(self, *xs, dim):
-        self.dim = dim
-        self.sizes = [x.shape[dim] for x in xs]
-        return np.concatenate(xs, axis=dim)
+    def forward(self, *xs, dim, skip=()):
+        self.dim, self.skip = dim, skip
+        self.sizes = [x.shape[dim] for i, x in enumerate(xs) if i not in skip]
+        return np.concatenate([x for i, x in enumerate(xs) if i not in skip], axis=dim)
 
-    def meta(self, *xs, dim):
+    def meta(self, *xs, dim, skip=()):
+        xs = [x for i, x in enumerate(xs) if i not in skip]
         s = xs[0].shape
         return s[:dim] + (sum(x.shape[dim] for x in xs),) + s[dim + 1 :], xs[0].dtype
 
     def backward(self, g):
-        idx = np.cumsum(self.sizes)[:-1]
-        return tuple(np.split(g, idx, axis=self.dim))
+        parts = iter(np.split(g, np.cumsum(self.sizes)[:-1], axis=self.dim))
+        n = len(self.sizes) + len(self.skip)
+        return tuple(np.zeros(0, g.dtype) if i in self.skip else next(parts) for i in range(n))
 
 
 class _Copy(Function):
@@ -57,8 +59,10 @@ def _common(tensors, op: str) -> list:
 def cat(tensors, dim: int = 0) -> Tensor:
     """Concatenate tensors along an existing dim (1-d empty tensors are skipped, as in torch)."""
     tensors = _common(tensors, "cat")
-    kept = [x for x in tensors if not (x._data.ndim == 1 and x._data.shape[0] == 0)]
-    kept = kept or tensors[:1]
+    skip = tuple(i for i, x in enumerate(tensors) if x._data.shape == (0,))
+    if len(skip) == len(tensors):
+        skip = skip[1:]
+    kept = [x for i, x in enumerate(tensors) if i not in skip]
     nd = kept[0]._data.ndim
     if nd == 0:
         raise ShapeError("cat: zero-dimensional tensor cannot be concatenated")
@@ -75,9 +79,9 @@ def cat(tensors, dim: int = 0) -> Tensor:
                 f"cat: sizes of tensors must match except in dimension {d}: "
                 f"got {list(ref)} and {list(s)} (tensor {i})"
             )
-    if len(kept) == 1:
-        return _Copy.apply(kept[0])
-    return Cat.apply(*kept, dim=d)
+    if len(tensors) == 1:
+        return _Copy.apply(tensors[0])
+    return Cat.apply(*tensors, dim=d, skip=skip)
 
 
 concat = concatenate = cat

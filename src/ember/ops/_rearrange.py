@@ -66,7 +66,7 @@ def flip(input: Tensor, dims) -> Tensor:
     """Reverse the order of elements along dims; a copy."""
     nd = input._data.ndim
     d = _dims(dims, nd, "flip")
-    return Flip.apply(input, dims=d if nd else ())
+    return Flip.apply(input, dims=d) if nd else input.clone()
 
 
 def fliplr(input: Tensor) -> Tensor:
@@ -279,16 +279,21 @@ def _pad_slices(shape, pads) -> tuple:
 
 
 def _pad_map(n: int, lo: int, hi: int, mode: str) -> np.ndarray:
-    p = np.arange(-lo, n + hi, dtype=np.intp)
+    """Source index of each output position; negative pads crop first (as torch)."""
+    start = max(0, -lo)
+    n = n - start - max(0, -hi)
+    p = np.arange(-max(lo, 0), n + max(hi, 0), dtype=np.intp)
     if mode == "replicate":
-        return np.clip(p, 0, n - 1)
-    if mode == "circular":
-        return p % n
-    if n == 1:
-        return np.zeros_like(p)
-    period = 2 * (n - 1)
-    p = np.abs(p) % period
-    return np.where(p >= n, period - p, p)
+        p = np.clip(p, 0, n - 1)
+    elif mode == "circular":
+        p = p % n
+    elif n == 1:
+        p = np.zeros_like(p)
+    else:
+        period = 2 * (n - 1)
+        p = np.abs(p) % period
+        p = np.where(p >= n, period - p, p)
+    return p + start
 
 
 def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
@@ -315,12 +320,13 @@ def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
     shape = input._data.shape
     for d, (lo, hi) in enumerate(pads):
         n = shape[d]
-        if n + lo + hi < 0:
+        if n + lo + hi < 0 or (mode != "constant" and n + min(lo, 0) + min(hi, 0) < 0):
             raise ShapeError(
                 f"pad: input size {n} at dim {d} plus padding ({lo}, {hi}) gives a negative size"
             )
         if mode == "constant" or not (lo or hi):
             continue
+        n += min(lo, 0) + min(hi, 0)
         if n == 0:
             raise ShapeError(f"pad: {mode} padding of an empty dim {d} (shape {list(shape)})")
         if mode == "reflect" and (lo >= n or hi >= n):

@@ -259,6 +259,7 @@ class SetItem(Function):
 
     def backward(self, g):
         gx = gv = None
+        g = np.asarray(g)
         if self.needs_input_grad[0]:
             gx = g
             if not self.acc:
