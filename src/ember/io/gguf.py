@@ -497,10 +497,12 @@ def save_gguf(
             w.add_key_value(key, value, vtype, sub)
         for name, (arr, qtype) in prepared.items():
             w.add_tensor(name, arr, raw_dtype=GGMLQuantizationType[qtype])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        try:
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        finally:
+            w.close()
 
 
 def _prepare_tensor(name: str, value: Any) -> tuple[np.ndarray, str]:
