@@ -63,6 +63,40 @@ def bandwidth(repeat: int) -> tuple[float, float]:
     return a.nbytes / best_numba / 1e9, a.nbytes / best_numpy / 1e9
 
 
+def q8_int_matvec():
+    """The llama.cpp-style alternative for Q8_0: x quantized to int8 blocks, integer dots.
+
+    Kept here (not in ember) because it measured slower: numba widens the int8 products to
+    int64 lanes, and every block needs its own horizontal sum before the float scales apply.
+    """
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=True, nogil=True)
+    def kernel(w, lut, xq, xd, y):
+        n_rows, nb, _ = w.shape
+        for n in prange(n_rows):
+            acc = np.float32(0)
+            for b in range(nb):
+                d = lut[np.int64(w[n, b, 0]) | (np.int64(w[n, b, 1]) << 8)]
+                s = np.int32(0)
+                for j in range(32):
+                    s += np.int32(np.int8(w[n, b, 2 + j])) * np.int32(xq[b, j])
+                acc += d * xd[b] * np.float32(s)
+            y[n] = acc
+
+    def run(q, x):
+        from ember.quant.kernels import f16_table
+
+        xb = x.reshape(-1, 32)
+        xd = (np.abs(xb).max(1) / 127).astype(np.float32)
+        xq = np.round(xb / np.where(xd == 0, 1, xd)[:, None]).astype(np.int8)
+        y = np.empty(q.shape[0], np.float32)
+        kernel(q.data.reshape(q.shape[0], -1, 34), f16_table(), xq, xd, y)
+        return y
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -87,6 +121,7 @@ def main() -> None:
     ]
     rng = np.random.default_rng(0)
     rows = []
+    run_int_q8 = q8_int_matvec()
     for n, k in SHAPES:
         w = rng.standard_normal((n, k)).astype(np.float32)
         x = rng.standard_normal(k).astype(np.float32)
@@ -97,6 +132,18 @@ def main() -> None:
             q = QTensor.from_float(w, qtype)
             t = statistics.median(timed(lambda q=q, x=x: q.matmul_t(x), args.repeat))
             rows.append((f"{n}x{k}", qtype, q.nbytes, t, t_blas / t))
+            if qtype == "Q8_0":
+                t = statistics.median(timed(lambda q=q, x=x: run_int_q8(q, x), args.repeat))
+                rows.append((f"{n}x{k}", "Q8_0, x as int8 (not used)", q.nbytes, t, t_blas / t))
+    prefill = []
+    w = rng.standard_normal((4096, 4096)).astype(np.float32)
+    for qtype in ("Q4_0", "Q4_K"):
+        q = QTensor.from_float(w, qtype)
+        for m in (1, 4, 16, 64):
+            x = rng.standard_normal((m, 4096)).astype(np.float32)
+            tq = statistics.median(timed(lambda q=q, x=x: q.matmul_t(x), max(5, args.repeat // 10)))
+            tf = statistics.median(timed(lambda x=x: x @ w.T, max(5, args.repeat // 10)))
+            prefill.append((qtype, m, tq, tf))
     limits.restore_original_limits()
 
     lines = [
@@ -119,6 +166,16 @@ def main() -> None:
             f"| {shape} | {kind} | {nbytes / 1e6:.2f} | {t * 1e3:.3f} | {gbs:.1f} | "
             f"{100 * gbs / bw:.0f}% | {speed:.2f}x |"
         )
+    lines += [
+        "",
+        "Prefill, 4096x4096: `QTensor.matmul_t(x)` for x of M rows (tiles of rows decoded by",
+        "numba, multiplied by BLAS) against float32 BLAS `x @ W.T`:",
+        "",
+        "| kernel | M | median ms | f32 BLAS ms | ratio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for qtype, m, tq, tf in prefill:
+        lines.append(f"| {qtype} | {m} | {tq * 1e3:.2f} | {tf * 1e3:.2f} | {tf / tq:.2f}x |")
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_append:

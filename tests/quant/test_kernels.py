@@ -45,10 +45,11 @@ def test_matvec_kernel_matches_reference(numba_mod, qtype, n):
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
-def test_matmul_prefill_tiles_match_reference(numba_mod, qtype, monkeypatch):
+@pytest.mark.parametrize("m", [3, 13])  # per-row matvec (M <= SMALL_M), tiled BLAS above
+def test_matmul_prefill_tiles_match_reference(numba_mod, qtype, m, monkeypatch):
     monkeypatch.setattr(kernels, "TILE_ELEMENTS", 3 * 256)  # 3 rows per tile: ragged last tile
     rng = np.random.default_rng(2)
-    n, k, m = 11, 256, 5
+    n, k = 11, 256
     raw = quantize_array(_weights(rng, n, k), qtype)
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = kernels.matmul_t(raw, qtype, (n, k), x)

@@ -4,8 +4,9 @@ Paths, picked by :func:`matmul_t`:
 
 * M == 1 (decode) with a numba kernel for the type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): a
   matrix-vector kernel that reads the packed bytes once and never decodes the matrix.
-* M > 1 (prefill), or a type without a kernel: decode a tile of rows into a small float32
-  buffer (numba for the five types above, numpy otherwise) and let BLAS multiply the tile.
+* 1 < M <= SMALL_M: the matrix-vector kernel once per row of x.
+* M > SMALL_M (prefill), or a type without a kernel: decode a tile of rows into a small
+  float32 buffer (numba for the five types above, numpy otherwise); BLAS multiplies the tile.
 * F32 weights go straight to BLAS on a view of the bytes.
 
 :func:`matmul_t_ref` is the pure-numpy reference every kernel is tested against and the
@@ -23,6 +24,7 @@ from ember.quant.formats import as_bytes, block_format, dequantize
 
 KERNEL_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 TILE_ELEMENTS = 1 << 20  # a prefill tile holds about this many float32 weights (4 MiB)
+SMALL_M = 8  # up to this many rows of x, matmul_t runs the matrix-vector kernel per row
 DYNAMIC_MIN_BYTES = 1 << 21  # from this weight size on, row chunks are scheduled dynamically
 
 _numba_kernels = None  # the module, once imported; False when numba is unavailable
@@ -165,13 +167,27 @@ def matmul_t(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray)
     mod = numba_kernels()
     if mod is None or fmt.name not in KERNEL_TYPES or n == 0 or k == 0 or m == 0:
         return matmul_t_ref(u8, fmt.name, (n, k), x)
-    if m == 1:
-        return matvec(u8, fmt.name, (n, k), x[0]).reshape(1, n)
+    w3 = _blocks3d(u8, fmt.name, n, k)
     out = np.empty((m, n), np.float32)
+    if m <= SMALL_M:  # a few rows: one bandwidth-bound pass over the packed weight per row
+        for i in range(m):
+            out[i] = matvec_blocks(mod, w3, fmt.name, x[i])
+        return out
+    import numba
+
+    # Prefill: decode a tile of rows into a small float32 buffer, let BLAS multiply it. The
+    # decode runs on this thread only: alternating numba's and BLAS's thread pools on the
+    # same cores makes each spin-wait against the other.
     tile = max(1, TILE_ELEMENTS // k)
     buf = np.empty((min(tile, n), k), np.float32)
-    for r0 in range(0, n, tile):
-        r1 = min(n, r0 + tile)
-        w = dequantize_rows(u8, fmt.name, (n, k), r0, r1, out=buf[: r1 - r0])
-        out[:, r0:r1] = x @ w.T
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        for r0 in range(0, n, tile):
+            r1 = min(n, r0 + tile)
+            w = buf[: r1 - r0]
+            mod.DEQUANT_ROWS[fmt.name](w3, f16_table(), r0, r1, w)
+            out[:, r0:r1] = x @ w.T
+    finally:
+        numba.set_num_threads(threads)
     return out
