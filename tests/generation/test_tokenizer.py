@@ -353,6 +353,8 @@ def test_smollm2_special_tokens(smol: Tokenizer, smol_meta: dict) -> None:
     assert 1 in smol.all_special_ids and 19556 not in smol.all_special_ids
     assert smol.encode_batch(AWKWARD[:6]) == [smol.encode(t) for t in AWKWARD[:6]]
     assert smol.decode_batch([[19556], [905]]) == ["Hello", " world"]
+    # byte 0x04 has no token: llama.cpp drops it but merges nothing across it ("Ġ" + "ðŁ...")
+    assert smol.encode(" \x04🤗 x\x04y") == [216, 10813, 114, 241, 1792, 105]  # llama.cpp
 
 
 # --- tiny byte-level BPE: pre='gpt-2' and the other pre-tokenizers --------------------------------

@@ -152,10 +152,20 @@ for _names, _entry in (
 _UNSUPPORTED_PRE = frozenset({"kimi-k2", "afmoe", "superbpe", "chameleon"})
 
 
-def _byte_level_pre_tokenizer(splits: Sequence[str]) -> pre_tokenizers.PreTokenizer:
-    """Split on each regex in turn (keeping matches and gaps), then map bytes to BPE symbols."""
+def _byte_level_pre_tokenizer(
+    splits: Sequence[str], vocab: Mapping[str, int]
+) -> pre_tokenizers.PreTokenizer:
+    """Split on each regex in turn (keeping matches and gaps), then map bytes to BPE symbols.
+
+    A byte whose symbol is not in the vocabulary yields no token in llama.cpp but still stops
+    merges across it, so it is cut out of the word (`tokenizers` would drop it and merge over).
+    """
     steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    missing = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in vocab]
+    if missing:
+        pattern = "[" + "".join(f"\\x{{{ord(c):04x}}}" for c in sorted(missing)) + "]"
+        steps.append(pre_tokenizers.Split(Regex(pattern), behavior="removed"))
     return pre_tokenizers.Sequence(steps)
 
 
@@ -217,12 +227,12 @@ class Tokenizer:
         extra = {int(i) for i in eos_token_ids}
         if self.eos_token_id is not None:
             extra.add(self.eos_token_id)
-        template = chat_template or ""
+        # End-of-turn tokens stop generation when the template uses them; end-of-text always.
+        template, special = chat_template or "", self._special_ids()
         for text in END_OF_TURN_TOKENS:
             tid = backend.token_to_id(text)
-            if tid is not None and tid in self._special_ids():
-                if text in template or text in _END_OF_TEXT_TOKENS:
-                    extra.add(tid)
+            if tid in special and (text in template or text in _END_OF_TEXT_TOKENS):
+                extra.add(tid)
         self._eos_token_ids = frozenset(extra)
         self._init_decode_helpers()
 
@@ -310,7 +320,7 @@ class Tokenizer:
                 tokens[i] = f"[EMPTY_{i}]"
         if model == "gpt2":
             backend, add_bos = cls._gguf_bpe(metadata, tokens, pre_tokenizer)
-            defaults = {"bos": 11, "eos": 11, "unk": None}
+            defaults = {"bos": 11, "eos": 11, "unk": None}  # llama.cpp's, for files without
         elif model == "llama":
             backend, add_bos = cls._gguf_spm(metadata, tokens, types)
             defaults = {"bos": 1, "eos": 2, "unk": 0}
@@ -379,7 +389,7 @@ class Tokenizer:
                 merges.append((left, right))
         bpe = models.BPE(vocab, merges, ignore_merges=ignore_merges)
         backend = tokenizers.Tokenizer(bpe)
-        backend.pre_tokenizer = _byte_level_pre_tokenizer(_SPLITS[split])
+        backend.pre_tokenizer = _byte_level_pre_tokenizer(_SPLITS[split], vocab)
         backend.decoder = decoders.ByteLevel()
         return backend, add_bos
 
