@@ -1,0 +1,534 @@
+"""Losses with torch.nn.functional semantics; cross_entropy and nll_loss are fused Functions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.autograd import Function
+from ember.errors import DTypeError, ShapeError
+from ember.nn.functional._util import check_reduction, legacy_reduction, reduce_loss, up
+from ember.ops import elementwise as _E
+from ember.tensor import Tensor
+
+
+def _class_last(a: np.ndarray) -> np.ndarray:
+    """(N, C, d1, ...) -> (N, d1, ..., C); (C,) stays."""
+    return np.moveaxis(a, 1, -1) if a.ndim >= 2 else a
+
+
+def _class_back(a: np.ndarray) -> np.ndarray:
+    return np.moveaxis(a, -1, 1) if a.ndim >= 2 else a
+
+
+def _reduce_arr(loss: np.ndarray, reduction: str, denom: float) -> np.ndarray:
+    if reduction == "none":
+        return loss
+    s = loss.sum()
+    if reduction == "sum":
+        return np.asarray(s, loss.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(s / denom, loss.dtype)
+
+
+def _grad_scale(g: np.ndarray, reduction: str, denom: float, shape: tuple) -> np.ndarray:
+    if reduction == "none":
+        return g
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = g / denom if reduction == "mean" else g
+    return np.broadcast_to(s, shape)
+
+
+def _picked_weights(t: np.ndarray, weight, ignore_index: int, C: int) -> tuple:
+    """(valid mask, safe targets, per-sample class weights) for class-index targets."""
+    valid = t != ignore_index
+    tc = np.where(valid, t, 0)
+    if tc.size and (tc.min() < 0 or tc.max() >= C):
+        bad = tc[(tc < 0) | (tc >= C)].flat[0]
+        raise IndexError(f"Target {bad} is out of bounds for {C} classes.")
+    wt = weight[tc] if weight is not None else np.ones(tc.shape)
+    return valid, tc, np.where(valid, wt, 0.0)
+
+
+class _CrossEntropy(Function):
+    """log_softmax over the class dim + weighted NLL, label smoothing; backward softmax - target."""
+
+    def meta(self, x, *t, target, weight, ignore_index, smoothing, reduction):
+        shape = x.shape[:1] + x.shape[2:] if x.ndim >= 2 else ()
+        return (shape if reduction == "none" else ()), x.dtype
+
+    def forward(self, x, *t, target, weight, ignore_index, smoothing, reduction):
+        dt = x.dtype
+        z = _class_last(up(x))
+        C = z.shape[-1]
+        m = z.max(axis=-1, keepdims=True) if z.size else np.zeros(z.shape[:-1] + (1,), z.dtype)
+        logp = z - m
+        logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+        w = None if weight is None else weight.astype(logp.dtype)
+        self.C, self.reduction, self.smoothing, self.w = C, reduction, smoothing, w
+        if target is not None:
+            valid, tc, wt = _picked_weights(target, w, ignore_index, C)
+            picked = np.take_along_axis(logp, tc[..., None], axis=-1)[..., 0]
+            loss = -wt * picked
+            if smoothing > 0:
+                smooth = -(logp * w).sum(-1) if w is not None else -logp.sum(-1)
+                loss = (1 - smoothing) * loss + (smoothing / C) * np.where(valid, smooth, 0.0)
+            denom = float(wt.sum()) if w is not None else float(valid.sum())
+            self.valid, self.tc, self.wt = valid, tc, wt
+        else:
+            tp = _class_last(up(t[0])).astype(logp.dtype)
+            if smoothing > 0:
+                tp = tp * (1 - smoothing) + smoothing / C
+            a = tp * w if w is not None else tp
+            loss = -(logp * a).sum(-1)
+            denom = float(loss.size)
+            self.a = a
+            self.logp = logp
+        self.p = np.exp(logp, out=logp) if target is not None else np.exp(logp)
+        self.denom, self.lshape, self.target = denom, loss.shape, target
+        return _reduce_arr(loss, reduction, denom).astype(dt, copy=False)
+
+    def backward(self, g):
+        gl = _grad_scale(up(g), self.reduction, self.denom, self.lshape)[..., None]
+        eps, C, w = self.smoothing, self.C, self.w
+        gx = gt = None
+        if self.target is not None:
+            s = self.wt * (1 - eps)
+            if eps > 0:
+                tot = w.sum() if w is not None else C
+                s = s + self.valid * (eps / C) * tot
+            dz = self.p * s[..., None]
+            if eps > 0:
+                dz -= (eps / C) * (w if w is not None else 1.0) * self.valid[..., None]
+            np.put_along_axis(
+                dz,
+                self.tc[..., None],
+                np.take_along_axis(dz, self.tc[..., None], -1) - ((1 - eps) * self.wt)[..., None],
+                -1,
+            )
+            gx = _class_back(dz * gl)
+            return gx
+        if self.needs_input_grad[0]:
+            gx = _class_back((self.p * self.a.sum(-1, keepdims=True) - self.a) * gl)
+        if self.needs_input_grad[1]:
+            d = -self.logp * (w if w is not None else 1.0) * (1 - eps)
+            gt = _class_back(d * gl)
+        return gx, gt
+
+
+def _check_ce_shapes(input: Tensor, target: Tensor, name: str) -> bool:
+    """Validate shapes; True for class-index targets, False for class probabilities."""
+    if input.ndim == 0:
+        raise ShapeError(
+            f"{name}: input must have at least 1 dim (C) or 2 dims (N, C), got a 0-d tensor"
+        )
+    probs = target.is_floating_point()
+    want = (
+        tuple(input.shape)
+        if probs
+        else tuple(input.shape[:1] + input.shape[2:])
+        if input.ndim >= 2
+        else ()
+    )
+    if tuple(target.shape) != want:
+        kind = "class probabilities" if probs else "class indices"
+        raise ShapeError(
+            f"{name}: target of shape {tuple(target.shape)} does not fit input of shape {tuple(input.shape)} "
+            f"(expected {want} for {kind})"
+        )
+    return not probs
+
+
+def _weight_arr(weight, C: int, name: str):
+    if weight is None:
+        return None
+    w = np.asarray(up(weight._data if isinstance(weight, Tensor) else np.asarray(weight)))
+    if w.shape != (C,):
+        raise ShapeError(f"{name}: weight of shape {w.shape} must be a 1-D tensor of size C={C}")
+    return w
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average=None,
+    ignore_index: int = -100,
+    reduce=None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Softmax cross-entropy of logits (C,), (N, C) or (N, C, d1, ...) against class indices or
+    class probabilities; with class weights, ignore_index and label smoothing, as torch."""
+    reduction = check_reduction(legacy_reduction(size_average, reduce, reduction))
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if not input.is_floating_point():
+        raise DTypeError(f"cross_entropy: expected float logits, got {input.dtype}")
+    indices = _check_ce_shapes(input, target, "cross_entropy")
+    C = input.shape[1] if input.ndim >= 2 else input.shape[0]
+    w = _weight_arr(weight, C, "cross_entropy")
+    kw = dict(weight=w, ignore_index=ignore_index, smoothing=label_smoothing, reduction=reduction)
+    if indices:
+        t = target._data if target._device.type != "meta" else np.zeros(target.shape, np.int64)
+        return _CrossEntropy.apply(input, target=np.asarray(t).astype(np.int64, copy=False), **kw)
+    if target.dtype != input.dtype:
+        target = target.to(input.dtype)
+    return _CrossEntropy.apply(input, target, target=None, **kw)
+
+
+class _NLL(Function):
+    """-w[y] * input[y] per sample (input holds log-probabilities); scatter in backward."""
+
+    def meta(self, x, target, weight, ignore_index, reduction):
+        shape = x.shape[:1] + x.shape[2:] if x.ndim >= 2 else ()
+        return (shape if reduction == "none" else ()), x.dtype
+
+    def forward(self, x, target, weight, ignore_index, reduction):
+        xl = _class_last(up(x))
+        C = xl.shape[-1]
+        w = None if weight is None else weight.astype(xl.dtype)
+        valid, tc, wt = _picked_weights(target, w, ignore_index, C)
+        loss = -wt * np.take_along_axis(xl, tc[..., None], axis=-1)[..., 0]
+        denom = float(wt.sum())
+        self.tc, self.wt, self.xshape, self.reduction, self.denom, self.lshape = (
+            tc,
+            wt,
+            xl.shape,
+            reduction,
+            denom,
+            loss.shape,
+        )
+        return _reduce_arr(loss, reduction, denom).astype(x.dtype, copy=False)
+
+    def backward(self, g):
+        gl = _grad_scale(up(g), self.reduction, self.denom, self.lshape)
+        dz = np.zeros(self.xshape, gl.dtype)
+        np.put_along_axis(dz, self.tc[..., None], (-self.wt * gl)[..., None], -1)
+        return _class_back(dz)
+
+
+def nll_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average=None,
+    ignore_index: int = -100,
+    reduce=None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Negative log-likelihood of log-probabilities (C,), (N, C) or (N, C, d1, ...) at class indices."""
+    reduction = check_reduction(legacy_reduction(size_average, reduce, reduction))
+    if target.is_floating_point():
+        raise DTypeError(
+            f"nll_loss: expected class indices (an integer target), got {target.dtype}"
+        )
+    _check_ce_shapes(input, target, "nll_loss")
+    C = input.shape[1] if input.ndim >= 2 else input.shape[0]
+    w = _weight_arr(weight, C, "nll_loss")
+    t = target._data if target._device.type != "meta" else np.zeros(target.shape, np.int64)
+    return _NLL.apply(
+        input,
+        target=np.asarray(t).astype(np.int64, copy=False),
+        weight=w,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
+
+
+def _pair(input: Tensor, target, name: str) -> tuple:
+    if not isinstance(target, Tensor):
+        target = Tensor._wrap(np.asarray(target, input._data.dtype), input.device)
+    if tuple(input.shape) != tuple(target.shape):
+        try:
+            np.broadcast_shapes(tuple(input.shape), tuple(target.shape))
+        except ValueError:
+            raise ShapeError(
+                f"{name}: input of shape {tuple(input.shape)} and target of shape {tuple(target.shape)} "
+                "do not broadcast"
+            ) from None
+    return input, target
+
+
+def mse_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+    weight=None,
+) -> Tensor:
+    """(input - target)**2, reduced."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    input, target = _pair(input, target, "mse_loss")
+    d = input - target
+    loss = d * d
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, reduction)
+
+
+def l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+    weight=None,
+) -> Tensor:
+    """|input - target|, reduced."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    input, target = _pair(input, target, "l1_loss")
+    loss = _E.abs(input - target)
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, reduction)
+
+
+def smooth_l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """0.5 d**2 / beta where |d| < beta, else |d| - 0.5 beta (d = input - target)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if beta < 0:
+        raise ValueError("smooth_l1_loss does not support negative values for beta.")
+    input, target = _pair(input, target, "smooth_l1_loss")
+    if beta == 0.0:
+        return l1_loss(input, target, reduction=reduction)
+    d = input - target
+    ad = _E.abs(d)
+    loss = _E.where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta)
+    return reduce_loss(loss, reduction)
+
+
+def huber_loss(
+    input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0, weight=None
+) -> Tensor:
+    """0.5 d**2 where |d| < delta, else delta (|d| - 0.5 delta)."""
+    input, target = _pair(input, target, "huber_loss")
+    d = input - target
+    ad = _E.abs(d)
+    loss = _E.where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta)
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, reduction)
+
+
+def binary_cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+) -> Tensor:
+    """-(t log(x) + (1 - t) log(1 - x)) of probabilities x (logs clamped at -100, as torch)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ShapeError(
+            f"binary_cross_entropy: target size {tuple(target.shape)} must be the same as input size "
+            f"{tuple(input.shape)}"
+        )
+    lx = _E.clamp(_E.log(input), min=-100)
+    l1x = _E.clamp(_E.log(1 - input), min=-100)
+    loss = -(target * lx + (1 - target) * l1x)
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+    pos_weight: Tensor | None = None,
+) -> Tensor:
+    """Sigmoid + binary cross-entropy in one stable expression; pos_weight weighs positives."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ShapeError(
+            f"binary_cross_entropy_with_logits: target size {tuple(target.shape)} must be the same as "
+            f"input size {tuple(input.shape)}"
+        )
+    sp = _E.softplus(-input)
+    if pos_weight is not None:
+        lw = (pos_weight - 1) * target + 1
+        loss = (1 - target) * input + lw * sp
+    else:
+        loss = (1 - target) * input + sp
+    if weight is not None:
+        loss = loss * weight
+    return reduce_loss(loss, reduction)
+
+
+def _xlogy(t: Tensor) -> Tensor:
+    pos = t > 0
+    safe = _E.where(pos, t, t * 0 + 1)
+    return _E.where(pos, t * _E.log(safe), t * 0)
+
+
+def kl_div(
+    input: Tensor,
+    target: Tensor,
+    size_average=None,
+    reduce=None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """KL(target || exp(input)) pointwise: input holds log-probabilities; 'batchmean' divides by N."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if log_target:
+        loss = _E.exp(target) * (target - input)
+    else:
+        loss = _xlogy(target) - target * input
+    if reduction == "batchmean":
+        return loss.sum() / (input.shape[0] if input.ndim else 1)
+    return reduce_loss(loss, reduction)
+
+
+def poisson_nll_loss(
+    input: Tensor,
+    target: Tensor,
+    log_input: bool = True,
+    full: bool = False,
+    size_average=None,
+    eps: float = 1e-8,
+    reduce=None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Poisson negative log-likelihood."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if log_input:
+        loss = _E.exp(input) - target * input
+    else:
+        loss = input - target * _E.log(input + eps)
+    if full:
+        st = target * _E.log(_E.where(target > 1, target, target * 0 + 1)) - target
+        st = st + 0.5 * _E.log(2 * np.pi * _E.where(target > 1, target, target * 0 + 1))
+        loss = loss + _E.where(target > 1, st, st * 0)
+    return reduce_loss(loss, reduction)
+
+
+def gaussian_nll_loss(
+    input: Tensor,
+    target: Tensor,
+    var,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> Tensor:
+    """Gaussian negative log-likelihood with predicted variance var."""
+    if not isinstance(var, Tensor):
+        var = Tensor._wrap(np.asarray(var, input._data.dtype), input.device)
+    v = _E.clamp(var, min=eps)
+    loss = 0.5 * (_E.log(v) + (input - target) ** 2 / v)
+    if full:
+        loss = loss + 0.5 * float(np.log(2 * np.pi))
+    return reduce_loss(loss, reduction)
+
+
+def margin_ranking_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0.0,
+    reduction: str = "mean",
+    **legacy,
+) -> Tensor:
+    """max(0, -target * (input1 - input2) + margin)."""
+    return reduce_loss(_E.relu(-target * (input1 - input2) + margin), reduction)
+
+
+def hinge_embedding_loss(
+    input: Tensor, target: Tensor, margin: float = 1.0, reduction: str = "mean", **legacy
+) -> Tensor:
+    """x where target == 1, max(0, margin - x) where target == -1."""
+    pos = _E.where(target == 1, input, input * 0)
+    neg = _E.where(target == -1, _E.relu(margin - input), input * 0)
+    return reduce_loss(pos + neg, reduction)
+
+
+def soft_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean", **legacy) -> Tensor:
+    """log(1 + exp(-target * input))."""
+    return reduce_loss(_E.softplus(-target * input), reduction)
+
+
+def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """Cosine of the angle between x1 and x2 along dim (each norm clamped at eps)."""
+    n1 = x1.norm(2, dim, keepdim=True)
+    n2 = x2.norm(2, dim, keepdim=True)
+    from ember.autograd import no_grad
+
+    with no_grad():
+        c1 = n1.clamp_min(eps) - n1
+        c2 = n2.clamp_min(eps) - n2
+    return ((x1 / (n1 + c1)) * (x2 / (n2 + c2))).sum(dim)
+
+
+def pairwise_distance(
+    x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False
+) -> Tensor:
+    """||x1 - x2 + eps||_p along the last dim."""
+    return (x1 - x2 + eps).norm(p, -1, keepdim=keepdim)
+
+
+def cosine_embedding_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0.0,
+    reduction: str = "mean",
+    **legacy,
+) -> Tensor:
+    """1 - cos(x1, x2) where target == 1, max(0, cos(x1, x2) - margin) where target == -1."""
+    cos = cosine_similarity(input1, input2, dim=-1, eps=1e-12)
+    loss = _E.where(target == 1, 1 - cos, _E.where(target == -1, _E.relu(cos - margin), cos * 0))
+    return reduce_loss(loss, reduction)
+
+
+def triplet_margin_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    margin: float = 1.0,
+    p: float = 2.0,
+    eps: float = 1e-6,
+    swap: bool = False,
+    reduction: str = "mean",
+    **legacy,
+) -> Tensor:
+    """max(d(a, p) - d(a, n) + margin, 0) with pairwise distances."""
+    dp = pairwise_distance(anchor, positive, p, eps)
+    dn = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        dn = _E.minimum(dn, pairwise_distance(positive, negative, p, eps))
+    return reduce_loss(_E.relu(dp - dn + margin), reduction)
+
+
+def multilabel_soft_margin_loss(
+    input: Tensor, target: Tensor, weight=None, reduction: str = "mean", **legacy
+) -> Tensor:
+    """Per-class logistic loss averaged over classes."""
+    from ember.nn.functional.activation import logsigmoid
+
+    loss = -(target * logsigmoid(input) + (1 - target) * logsigmoid(-input))
+    if weight is not None:
+        loss = loss * weight
+    loss = loss.mean(-1)
+    return reduce_loss(loss, reduction)
+
+
+__all__ = [
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss",
+    "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
+    "cosine_similarity", "pairwise_distance", "cosine_embedding_loss", "triplet_margin_loss",
+    "multilabel_soft_margin_loss",
+]  # fmt: skip

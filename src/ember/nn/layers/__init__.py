@@ -1,0 +1,116 @@
+"""Layer families; everything here is re-exported as ember.nn.<Name>."""
+
+from ember.nn.layers.activation import (
+    CELU,
+    ELU,
+    GELU,
+    GLU,
+    SELU,
+    Hardshrink,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
+    LeakyReLU,
+    LogSigmoid,
+    LogSoftmax,
+    Mish,
+    PReLU,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softmin,
+    Softplus,
+    Softshrink,
+    Softsign,
+    Tanh,
+    Tanhshrink,
+    Threshold,
+)  # fmt: skip
+from ember.nn.layers.attention import MultiheadAttention
+from ember.nn.layers.conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
+from ember.nn.layers.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d
+from ember.nn.layers.embedding import Embedding
+from ember.nn.layers.linear import (
+    Bilinear,
+    Flatten,
+    Identity,
+    Linear,
+    NonDynamicallyQuantizableLinear,
+    Unflatten,
+)
+from ember.nn.layers.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CosineEmbeddingLoss,
+    CosineSimilarity,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MarginRankingLoss,
+    MSELoss,
+    NLLLoss,
+    PairwiseDistance,
+    SmoothL1Loss,
+    TripletMarginLoss,
+)  # fmt: skip
+from ember.nn.layers.norm import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    LayerNorm,
+    RMSNorm,
+)  # fmt: skip
+from ember.nn.layers.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    ConstantPad1d,
+    ConstantPad2d,
+    MaxPool1d,
+    MaxPool2d,
+    PixelShuffle,
+    PixelUnshuffle,
+    ReflectionPad1d,
+    ReflectionPad2d,
+    ReplicationPad1d,
+    ReplicationPad2d,
+    Upsample,
+    UpsamplingBilinear2d,
+    UpsamplingNearest2d,
+    ZeroPad1d,
+    ZeroPad2d,
+)  # fmt: skip
+from ember.nn.layers.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell
+from ember.nn.layers.transformer import (
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)  # fmt: skip
+
+__all__ = [
+    "CELU", "ELU", "GELU", "GLU", "SELU", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "LeakyReLU",
+    "LogSigmoid", "LogSoftmax", "Mish", "PReLU", "ReLU", "ReLU6", "Sigmoid", "SiLU", "Softmax", "Softmin",
+    "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "MultiheadAttention", "Conv1d",
+    "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "AlphaDropout", "Dropout", "Dropout1d", "Dropout2d",
+    "Dropout3d", "Embedding", "Bilinear", "Flatten", "Identity", "Linear", "NonDynamicallyQuantizableLinear",
+    "Unflatten", "BCELoss", "BCEWithLogitsLoss", "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss",
+    "HuberLoss", "KLDivLoss", "L1Loss", "MarginRankingLoss", "MSELoss", "NLLLoss", "PairwiseDistance",
+    "SmoothL1Loss", "TripletMarginLoss", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm",
+    "InstanceNorm1d", "InstanceNorm2d", "LayerNorm", "RMSNorm", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AvgPool1d", "AvgPool2d", "ConstantPad1d", "ConstantPad2d",
+    "MaxPool1d", "MaxPool2d", "PixelShuffle", "PixelUnshuffle", "ReflectionPad1d", "ReflectionPad2d",
+    "ReplicationPad1d", "ReplicationPad2d", "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d",
+    "ZeroPad1d", "ZeroPad2d", "GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "Transformer",
+    "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer",
+]  # fmt: skip
