@@ -85,7 +85,8 @@ def test_files_from_torch_open_in_ember(tmp_path):
 
 
 def test_module_state_dict_round_trip(tmp_path):
-    nn = pytest.importorskip("ember.nn")
+    from ember import nn
+
     ember.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     path = tmp_path / "model.safetensors"

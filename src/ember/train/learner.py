@@ -155,10 +155,11 @@ class Learner:
         try:
             self._call("on_fit_start")
             while self.epoch < epochs and not self.stop_training:
-                logs = self._train_epoch()
+                logs, stats = self._train_epoch()
                 if valid_loader is not None:
                     for k, v in self.evaluate(valid_loader).items():
                         logs[f"valid_{k}"] = v
+                logs.update(stats)
                 self._step_scheduler_epoch(logs)
                 self.epoch += 1
                 self.history.append(logs)
@@ -176,7 +177,7 @@ class Learner:
             self._call("on_fit_end")
         return self.history
 
-    def _train_epoch(self) -> dict[str, Any]:
+    def _train_epoch(self) -> tuple[dict[str, Any], dict[str, Any]]:
         self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]
         self._call("on_epoch_start")
@@ -215,10 +216,8 @@ class Learner:
         logs: dict[str, Any] = {"epoch": self.epoch + 1, "train_loss": loss_m.compute()}
         for m in metrics:
             logs[f"train_{m.name}"] = m.compute()
-        logs["lr"] = lr
-        logs["time"] = dt
-        logs["samples_per_s"] = seen / dt if dt > 0 else float("nan")
-        return logs
+        stats = {"lr": lr, "time": dt, "samples_per_s": seen / dt if dt > 0 else float("nan")}
+        return logs, stats
 
     def _step_scheduler_epoch(self, logs: dict[str, Any]) -> None:
         s = self.scheduler
