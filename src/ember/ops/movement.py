@@ -339,7 +339,10 @@ class Index(Function):
 
     def forward(self, x, idx, basic=True, unique=False):
         self.shape, self.dtype, self.idx, self.mode = x.shape, x.dtype, idx, basic or unique
-        return x[idx]
+        y = x[idx]
+        if type(y) is not np.ndarray:  # all dims taken by ints: numpy copies out a scalar
+            y = x[(*idx, Ellipsis)]
+        return y
 
     def backward(self, g):
         if self.mode:
