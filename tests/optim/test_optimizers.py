@@ -211,3 +211,39 @@ def test_read_only_parameter_array_is_copied_once():
     (w * 2.0).sum().backward()
     opt.step()
     assert w.tolist() == [0.0, 0.0, 0.0] and a.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+        ("Adam", dict(lr=0.01, amsgrad=True)),
+        ("AdamW", dict(lr=0.01)),
+        ("RMSprop", dict(lr=0.005, centered=True, momentum=0.5)),
+        ("Adagrad", dict(lr=0.05, lr_decay=0.01)),
+    ],
+)
+def test_mlp_trajectory_matches_torch(name, kw):
+    """nn.Linear -> tanh -> nn.Linear with cross-entropy: the nn modules, as users train them."""
+    from ember import nn
+    from ember.nn import functional as F
+
+    ember.manual_seed(0)
+    em = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+    tm = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).double()
+    tm.load_state_dict({k: torch.tensor(v.numpy()) for k, v in em.state_dict().items()})
+    eopt = getattr(optim, name)(em.parameters(), **kw)
+    topt = getattr(torch.optim, name)(tm.parameters(), **kw)
+    rng = np.random.default_rng(5)
+    for step in range(STEPS):
+        x, y = rng.standard_normal((9, 5)), rng.integers(0, 3, 9)
+        eopt.zero_grad()
+        F.cross_entropy(em(ember.tensor(x)), ember.tensor(y)).backward()
+        eopt.step()
+        topt.zero_grad()
+        torch.nn.functional.cross_entropy(tm(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+        for (k, a), b in zip(em.state_dict().items(), tm.state_dict().values()):
+            np.testing.assert_allclose(
+                a.numpy(), b.numpy(), rtol=0, atol=TOL, err_msg=f"{k} @ {step}"
+            )

@@ -289,3 +289,21 @@ def test_errors():
         learner.fit([], epochs=1, resume="/nonexistent/ckpt.safetensors")
     with pytest.raises(ValueError):
         Learner(model, learner.optimizer, F.cross_entropy, scheduler_interval="batch")
+
+
+def test_gradient_clipping_in_the_learner():
+    train, valid, _ = _loaders(n=40)
+    grads = []
+
+    class Probe(Callback):
+        def on_batch_end(self, learner, logs):
+            total = sum(float((p.grad * p.grad).sum()) for p in learner.model.parameters())
+            grads.append(total**0.5)
+
+    model = _model()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    learner = Learner(
+        model, opt, F.cross_entropy, callbacks=[Probe()], clip_grad_norm=0.05, progress=False
+    )
+    learner.fit(train, valid, epochs=1)
+    assert grads and max(grads) <= 0.05 + 1e-6

@@ -9,6 +9,7 @@ not reallocate them.
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,7 +39,7 @@ class Optimizer:
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
-        self.state: dict[Tensor, dict[str, Any]] = {}
+        self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
         if isinstance(params, Tensor):
             raise TypeError(
@@ -169,12 +170,13 @@ class Optimizer:
         if not wd and not maximize:
             return g if g.dtype == p.dtype else g.astype(p.dtype)
         out = self._tmp(p, 1)
+        if not wd:
+            return np.negative(g, out=out)
+        np.multiply(p, wd, out=out)  # torch: grad.add(param, alpha=weight_decay)
         if maximize:
-            np.negative(g, out=out)
+            out -= g
         else:
-            np.copyto(out, g, casting="unsafe")
-        if wd:
-            out += wd * p  # torch: grad.add(param, alpha=weight_decay)
+            out += g
         return out
 
     @staticmethod
@@ -194,7 +196,7 @@ class Optimizer:
                 ids.append(index[id(p)])
             packed["params"] = ids
             groups.append(packed)
-        state = {index[id(p)]: s for p, s in self.state.items() if id(p) in index}
+        state = {index[id(p)]: s for p, s in self.state.items() if id(p) in index and s}
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -213,7 +215,7 @@ class Optimizer:
             for s, g in zip(saved_groups, groups)
             for i, p in zip(s["params"], g["params"])
         }
-        new_state: dict[Tensor, dict[str, Any]] = {}
+        new_state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         for k, v in state_dict["state"].items():
             p = id_map.get(int(k))
             if p is None:
