@@ -307,3 +307,26 @@ def test_gradient_clipping_in_the_learner():
     )
     learner.fit(train, valid, epochs=1)
     assert grads and max(grads) <= 0.05 + 1e-6
+
+
+def test_plain_progress_without_tqdm_and_dict_batches(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if the train extra were not installed
+    x, y = _data(40)
+
+    class Dicts(ember.data.Dataset):
+        def __len__(self):
+            return len(y)
+
+        def __getitem__(self, i):
+            return {"input": x[i], "target": int(y[i])}
+
+    model = _model()
+    learner = Learner(
+        model, optim.Adam(model.parameters(), lr=0.01), F.cross_entropy, progress="tqdm"
+    )
+    learner.fit(DataLoader(Dicts(), batch_size=8), epochs=2)
+    out = capsys.readouterr()
+    assert "epoch 2/2 | train_loss" in out.out and "it/s" not in out.err
+    assert learner.default_monitor == "train_loss"
