@@ -46,7 +46,7 @@ def _scale_min_k4(w, n, b, j):
 
 
 @njit(parallel=True, **_OPTS)
-def mv_q8_0(w, lut, x, aux, y, chunk):
+def mv_q8_0(w, lut, x, y, chunk):
     """Q8_0 blocks (d:f16, 32 x int8): y[n] = sum_b d * (q . x_b)."""
     n_rows, nb, _ = w.shape
     for c in prange((n_rows + chunk - 1) // chunk):
@@ -62,13 +62,17 @@ def mv_q8_0(w, lut, x, aux, y, chunk):
 
 
 @njit(parallel=True, **_OPTS)
-def mv_q4_0(w, lut, x, aux, y, chunk):
+def mv_q4_0(w, lut, x, y, chunk):
     """Q4_0 blocks (d:f16, 16 bytes of nibbles), value d * (q - 8); two rows at a time.
 
     Byte j holds elements j (low nibble) and j + 16 (high), so lane j accumulates
     d * (lo * x[j] + hi * x[j + 16] - 8 * (x[j] + x[j + 16])); aux[b, j] carries the last term.
     """
     n_rows, nb, _ = w.shape
+    aux = np.empty((nb, 16), np.float32)
+    for b in range(nb):
+        for j in range(16):
+            aux[b, j] = F32(-8.0) * (x[b, j] + x[b, 16 + j])
     for c in prange((n_rows + chunk - 1) // chunk):
         t = np.empty(32, np.float32)
         r1 = min(n_rows, c * chunk + chunk)
@@ -91,12 +95,16 @@ def mv_q4_0(w, lut, x, aux, y, chunk):
 
 
 @njit(parallel=True, **_OPTS)
-def mv_q4_1(w, lut, x, aux, y, chunk):
+def mv_q4_1(w, lut, x, y, chunk):
     """Q4_1 blocks (d:f16, m:f16, 16 bytes of nibbles), value d * q + m; two rows at a time.
 
     Lane j accumulates d * (lo * x[j] + hi * x[j + 16]) + m * aux[b, j], aux = x[j] + x[j + 16].
     """
     n_rows, nb, _ = w.shape
+    aux = np.empty((nb, 16), np.float32)
+    for b in range(nb):
+        for j in range(16):
+            aux[b, j] = x[b, j] + x[b, 16 + j]
     for c in prange((n_rows + chunk - 1) // chunk):
         t = np.empty(32, np.float32)
         r1 = min(n_rows, c * chunk + chunk)
@@ -121,7 +129,7 @@ def mv_q4_1(w, lut, x, aux, y, chunk):
 
 
 @njit(parallel=True, **_OPTS)
-def mv_q4_k(w, lut, x, aux, y, chunk):
+def mv_q4_k(w, lut, x, y, chunk):
     """Q4_K super-blocks (d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)."""
     n_rows, nb, _ = w.shape
     for c in prange((n_rows + chunk - 1) // chunk):
@@ -147,7 +155,7 @@ def mv_q4_k(w, lut, x, aux, y, chunk):
 
 
 @njit(parallel=True, **_OPTS)
-def mv_q6_k(w, lut, x, aux, y, chunk):
+def mv_q6_k(w, lut, x, y, chunk):
     """Q6_K super-blocks (ql:128, qh:64, 16 int8 scales, d): value = d * sc * (q - 32)."""
     n_rows, nb, _ = w.shape
     for c in prange((n_rows + chunk - 1) // chunk):

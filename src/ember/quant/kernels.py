@@ -25,6 +25,7 @@ from ember.quant.formats import as_bytes, block_format, dequantize
 KERNEL_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 TILE_ELEMENTS = 1 << 20  # a prefill tile holds about this many float32 weights (4 MiB)
 SMALL_M = 8  # up to this many rows of x, matmul_t runs the matrix-vector kernel per row
+SERIAL_MAX_BYTES = 1 << 16  # below this weight size the matrix-vector kernel runs on one thread
 DYNAMIC_MIN_BYTES = 1 << 21  # from this weight size on, row chunks are scheduled dynamically
 
 _numba_kernels = None  # the module, once imported; False when numba is unavailable
@@ -95,34 +96,34 @@ def matmul_t_ref(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndar
     return out
 
 
-def _chunk_rows(n: int) -> int:
-    """Rows per parallel work item: about 8 items per thread, at least 4 rows each."""
-    import numba
-
-    return max(4, -(-n // (8 * numba.get_num_threads())))
-
-
 def matvec_blocks(mod, w3: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     """Unchecked kernel call: w3 is the (N, blocks, bytes) view, x float32 of length K."""
+    import numba  # already imported by the time a kernel module exists: a dict lookup
+
     n, nb, _ = w3.shape
     y = np.empty(n, np.float32)
     xb = x.reshape(nb, -1)
-    if qtype == "Q4_0":  # per-lane offset terms, see the kernel docstrings
-        aux = np.float32(-8.0) * (xb[:, :16] + xb[:, 16:])
-    elif qtype == "Q4_1":
-        aux = xb[:, :16] + xb[:, 16:]
-    else:
-        aux = xb
-    if w3.nbytes < DYNAMIC_MIN_BYTES:
-        mod.MATVEC[qtype](w3, f16_table(), xb, aux, y, _chunk_rows(n))
+    kernel = mod.MATVEC[qtype]
+    threads = numba.get_num_threads()
+    if threads == 1 or w3.nbytes < SERIAL_MAX_BYTES:
+        # Small weights: waking a second thread costs more than it saves.
+        if threads > 1:
+            numba.set_num_threads(1)
+        try:
+            kernel(w3, f16_table(), xb, y, n)
+        finally:
+            if threads > 1:
+                numba.set_num_threads(threads)
         return y
-    import numba
-
+    chunk = max(4, -(-n // (8 * threads)))  # about 8 row chunks per thread
+    if w3.nbytes < DYNAMIC_MIN_BYTES:
+        kernel(w3, f16_table(), xb, y, chunk)
+        return y
     # Hand row chunks out one at a time so that a core busy with something else does not
     # hold back the whole product (static halves would wait for the slower core).
     old = numba.set_parallel_chunksize(1)
     try:
-        mod.MATVEC[qtype](w3, f16_table(), xb, aux, y, _chunk_rows(n))
+        kernel(w3, f16_table(), xb, y, chunk)
     finally:
         numba.set_parallel_chunksize(old)
     return y

@@ -69,6 +69,10 @@ class QTensor:
 
     def matmul_t(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` for x of shape (..., in_features): float32 of shape (..., out_features)."""
+        if self._w3 is not None and type(x) is np.ndarray and x.ndim == 1:
+            # decode hot path: a float32 vector against a weight that already passed checks
+            if x.dtype == np.float32 and x.shape[0] == self.shape[1] and x.flags.c_contiguous:
+                return kernels.matvec_blocks(kernels.numba_kernels(), self._w3, self.qtype, x)
         if self.ndim != 2:
             raise ShapeError(f"QTensor.matmul_t: needs a 2-d weight, this one is {self.shape}")
         n, k = self.shape
@@ -84,8 +88,8 @@ class QTensor:
         x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
         if x2.shape[0] == 1 and n and k and self.qtype in kernels.KERNEL_TYPES:
             mod = kernels.numba_kernels()
-            if mod is not None:  # the decode hot path: validated once, kernel called directly
-                if self._w3 is None:
+            if mod is not None:
+                if self._w3 is None:  # validated once; later vectors take the path above
                     self._w3 = self.data.reshape(n, k // self.block_size, self._fmt.type_size)
                 return kernels.matvec_blocks(mod, self._w3, self.qtype, x2[0]).reshape(*lead, n)
         return kernels.matmul_t(self.data, self.qtype, (n, k), x2).reshape(*lead, n)
