@@ -162,3 +162,31 @@ def test_conv_errors():
         ember.conv2d(x, ember.ones(6, 4, 3, 3, dtype=ember.float64))
     with pytest.raises(ShapeError, match="output padding"):
         ember.conv_transpose2d(x, ember.ones(4, 3, 3, 3), stride=2, output_padding=2)
+
+
+DEPTHWISE = [
+    ((2, 3, 9, 8), (3, 1, 3, 3), (1, 1), (1, 1), (1, 1), None),
+    ((1, 4, 9, 8), (8, 1, 3, 2), (2, 3), (2, 1), (2, 0), None),
+    ((1, 2, 6, 7), (2, 1, 5, 5), (1, 1), (1, 2), (3, 3), (6, 7)),
+    ((1, 2, 4, 4), (2, 1, 2, 2), (3, 3), (1, 1), (0, 0), None),
+]
+
+
+@pytest.mark.parametrize("xs,ws,s,d,p,out", DEPTHWISE, ids=str)
+def test_depthwise_kernel_matches_reference(xs, ws, s, d, p, out):
+    from ember.backends.cpu.kernels.depthwise import depthwise_conv2d, depthwise_conv2d_reference
+
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        x, w = rng.standard_normal(xs).astype(dt), rng.standard_normal(ws).astype(dt)
+        k = ws[2:]
+        out = out or tuple(
+            (xs[2 + i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2)
+        )
+        ref = depthwise_conv2d_reference(x, w, s, d, p, out)
+        got = depthwise_conv2d(x, w, s, d, p, out)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+        if out == tuple(ref.shape[2:]) and p[0] * 2 <= k[0] and p[1] * 2 <= k[1]:
+            tx = torch.from_numpy(x)
+            t = F.conv2d(tx, torch.from_numpy(w), stride=s, padding=p, dilation=d, groups=xs[1])
+            np.testing.assert_allclose(got, t.numpy(), rtol=1e-5, atol=1e-5)

@@ -19,7 +19,7 @@ from ember.tensor import Tensor
 
 _LOW = (np.dtype(np.float16), _dt.bfloat16.np)
 _F32 = np.dtype(np.float32)
-_CHUNK_BYTES = 64 << 20  # im2col buffer budget per batch chunk
+_CHUNK_BYTES = 8 << 20  # im2col buffer budget per batch chunk (stay cache-friendly)
 
 
 def _up(a: np.ndarray) -> np.ndarray:
@@ -179,9 +179,11 @@ def _conv_fwd(x4: np.ndarray, w4: np.ndarray, geom: Geom) -> np.ndarray:
     n, c, h, w, o, cg, kh, kw, oh, ow = _geom_sizes(x4, w4, geom)
     g, (pt, pb, pl, pr) = geom.groups, geom.pad
     k, s, d, pad = (kh, kw), geom.stride, geom.dilation, (pt, pl)
-    out = np.empty((n, o, oh, ow), np.result_type(x4, w4))
     if _is_depthwise(c, cg, g):
-        return _depthwise_fwd(x4, w4, k, s, d, pad, (oh, ow), out)
+        from ember.backends.cpu.kernels.depthwise import depthwise_conv2d
+
+        return depthwise_conv2d(x4, w4, s, d, pad, (oh, ow))
+    out = np.empty((n, o, oh, ow), np.result_type(x4, w4))
     wm = w4.reshape(g, o // g, cg * kh * kw)
     out3 = out.reshape(n, g, o // g, oh * ow)
     if kh == kw == 1 and not (pt or pb or pl or pr):
@@ -222,18 +224,6 @@ def _conv_bwd(x4, w4, g4, geom: Geom, need_x: bool, need_w: bool):
             else:
                 gx[a:e] = col2im(gcols, (h, w), s, d, pad)
     return gx, gw
-
-
-def _depthwise_fwd(x4, w4, k, s, d, pad, out_hw, out) -> np.ndarray:
-    n, c = x4.shape[:2]
-    m = w4.shape[0] // c  # channel multiplier
-    out5 = out.reshape(n, c, m, *out_hw)
-    out5[...] = 0
-    tmp = np.empty_like(out5)
-    for i, j, v in _windows(x4, k, s, d, pad, out_hw):
-        np.multiply(v[:, :, None], w4[:, 0, i, j].reshape(1, c, m, 1, 1), out=tmp)
-        out5 += tmp
-    return out
 
 
 def _depthwise_bwd(x4, w4, g4, k, s, d, pad, need_x, need_w):

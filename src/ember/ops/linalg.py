@@ -233,18 +233,17 @@ class Linear(Function):
 
     def forward(self, x, w, b=None):
         self.x, self.w = x, w
-        lead = x.shape[:-1]
-        m, k = _prod(lead), x.shape[-1]
         lo = x.dtype if x.dtype in _LOW else None
-        x2 = x.reshape(m, k)
         if lo is not None:
-            x2, w = x2.astype(_F32), w.astype(_F32)
-        out = np.matmul(x2, w.T)
+            x, w = x.astype(_F32), w.astype(_F32)
+        if x.ndim == 2:
+            out = np.matmul(x, w.T)
+        else:
+            lead = x.shape[:-1]
+            out = np.matmul(x.reshape(_prod(lead), x.shape[-1]), w.T).reshape(lead + (w.shape[0],))
         if b is not None:
-            out += _up(b)
-        if lo is not None:
-            out = out.astype(lo)
-        return out.reshape(lead + (w.shape[0],))
+            out += _up(b) if lo is not None else b
+        return out.astype(lo) if lo is not None else out
 
     def meta(self, x, w, b=None):
         return x.shape[:-1] + (w.shape[0],), x.dtype
@@ -295,7 +294,7 @@ class QLinear(Function):
 
 def linear(input: Tensor, weight, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias (torch.nn.functional.linear); weight may be a quantized QTensor."""
-    if not isinstance(weight, Tensor) and hasattr(weight, "matmul_t"):
+    if type(weight) is not Tensor and hasattr(weight, "matmul_t"):
         qshape = tuple(int(s) for s in weight.shape)
         if input.ndim == 0 or input.shape[-1] != qshape[1]:
             raise ShapeError(
@@ -306,21 +305,25 @@ def linear(input: Tensor, weight, bias: Tensor | None = None) -> Tensor:
         if bias is None:
             return QLinear.apply(input, qweight=weight)
         return QLinear.apply(input, bias, qweight=weight)
-    sx, sw = input._data.shape, weight._data.shape
+    xd, wd = input._data, weight._data
+    sx, sw = xd.shape, wd.shape
     if len(sw) != 2 or not sx or sx[-1] != sw[1]:
         raise ShapeError(
             f"linear: input of shape {sx} does not fit a weight of shape {sw} "
             f"(expected input[..., {sw[-1] if sw else '?'}])"
         )
-    if bias is None:
+    dt = xd.dtype
+    if (wd.dtype is not dt and wd.dtype != dt) or dt.kind == "b":
         _same_dtype("linear", input, weight)
+    if bias is None:
         return Linear.apply(input, weight)
-    _same_dtype("linear", input, weight, bias)
-    if bias._data.shape not in ((sw[0],), (1,), ()):
-        raise ShapeError(
-            f"linear: bias of shape {bias._data.shape} does not fit a weight of shape {sw}"
-        )
-    if bias._data.shape != (sw[0],):
+    bd = bias._data
+    if (bd.dtype is not dt and bd.dtype != dt) or bd.shape != (sw[0],):
+        _same_dtype("linear", input, bias)
+        if bd.shape not in ((1,), ()):
+            raise ShapeError(
+                f"linear: bias of shape {bd.shape} does not fit a weight of shape {sw}"
+            )
         from ember.ops.movement import expand
 
         bias = expand(bias, (sw[0],))
