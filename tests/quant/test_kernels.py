@@ -30,8 +30,12 @@ def numba_mod():
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
-@pytest.mark.parametrize("n", [1, 3, 37])
-def test_matvec_kernel_matches_reference(numba_mod, qtype, n):
+@pytest.mark.parametrize(("n", "schedule"), [(1, "serial"), (3, "static"), (37, "dynamic"),
+                                             (37, "serial"), (38, "static")])  # fmt: skip
+def test_matvec_kernel_matches_reference(numba_mod, qtype, n, schedule, monkeypatch):
+    if schedule != "serial":  # force the threaded paths on these small weights
+        monkeypatch.setattr(kernels, "SERIAL_MAX_BYTES", 0)
+        monkeypatch.setattr(kernels, "DYNAMIC_MIN_BYTES", 0 if schedule == "dynamic" else 1 << 40)
     rng = np.random.default_rng(n)
     k = 512
     raw = quantize_array(_weights(rng, n, k), qtype)
