@@ -614,3 +614,39 @@ def test_multinomial():
         ember.multinomial(ember.tensor([0.0, 1.0, 0.0]), 2)
     with pytest.raises(DTypeError):
         ember.multinomial(ember.tensor([1, 2]), 1)
+
+
+INPLACE = [
+    ("masked_fill_", lambda x, y: x.masked_fill_(x.detach() > 0, 0.5)),
+    ("index_fill_", lambda x, y: x.index_fill_(1, T(x, [0, 2]), -1.0)),
+    ("index_add_", lambda x, y: x.index_add_(1, T(x, [2, 0, 2]), y[:, :3])),
+    ("index_copy_", lambda x, y: x.index_copy_(1, T(x, [3, 1]), y[:, :2])),
+    ("scatter_", lambda x, y: x.scatter_(1, T(x, [[1, 3], [0, 2]]), y[:, :2])),
+    ("scatter_add_", lambda x, y: x.scatter_add_(1, T(x, [[1, 1], [0, 2]]), y[:, :2])),
+    ("masked_scatter_", lambda x, y: x.masked_scatter_(T(x, [True, False, True, False]), y)),
+    ("put_", lambda x, y: x.put_(T(x, [7, 0]), y[0, :2])),
+    ("tril_", lambda x, y: x.tril_(1)),
+    ("t_", lambda x, y: x.t_()),
+    ("unsqueeze_", lambda x, y: x.unsqueeze_(1)),
+]
+
+
+@pytest.mark.parametrize("name,f", INPLACE, ids=[i[0] for i in INPLACE])
+def test_inplace_methods(name, f):
+    def g(a, b):
+        x = a * 1.0  # a non-leaf: in-place ops on it are recorded
+        out = f(x, b)
+        assert out is x
+        return x
+
+    check(g, None, [(2, 4), (2, 4)], dtypes=FLOATS)
+    base = np.arange(8.0).reshape(2, 4)
+    e, t = ember.tensor(base), torch.tensor(base)
+    ve, vt = e[:], t[:]
+    f(e, ember.ones(2, 4))
+    f(t, torch.ones(2, 4, dtype=torch.float64))
+    np.testing.assert_array_equal(e.numpy(), t.numpy())
+    if name not in ("t_", "unsqueeze_"):
+        np.testing.assert_array_equal(ve.numpy(), vt.numpy())
+    with pytest.raises(ember.errors.AutogradError):
+        f(ember.ones(2, 4, requires_grad=True), ember.ones(2, 4))

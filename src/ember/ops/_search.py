@@ -315,7 +315,14 @@ def multinomial(
         u = rng.random(p.shape)
         with np.errstate(divide="ignore"):
             keys = np.log(u) / p
-        out = np.argsort(-keys, axis=1, kind="stable")[:, :k]
+        if k == 1:
+            out = np.argmax(keys, axis=1)[:, None]
+        elif k < n // 4:
+            part = np.argpartition(-keys, k - 1, axis=1)[:, :k]
+            order = np.argsort(-np.take_along_axis(keys, part, 1), axis=1, kind="stable")
+            out = np.take_along_axis(part, order, 1)
+        else:
+            out = np.argsort(-keys, axis=1, kind="stable")[:, :k]
     return Tensor._wrap(out.reshape(shape).astype(np.int64), input._device)
 
 

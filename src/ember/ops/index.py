@@ -24,10 +24,11 @@ from ember.ops._gather import *  # noqa: F403  (re-exported)
 from ember.ops._gather import embedding  # noqa: F401  (F.embedding; not ember.embedding)
 from ember.ops._search import *  # noqa: F403  (re-exported)
 from ember.ops._util import as_tensor_like, cast
-from ember.ops.movement import Index, expand, reshape
+from ember.ops.movement import Index, _old, expand, inplace, reshape
 from ember.tensor import Tensor
 
 _INTS = (int, np.integer)
+_ALL = slice(None)
 _ELL = type(Ellipsis)
 _BAD_INDEX = (
     "only integers, slices (`:`), ellipsis (`...`), None and long or byte tensors are valid "
@@ -170,7 +171,8 @@ def _parse(x: Tensor, index) -> tuple:
     if not adv:
         return tuple(basic) or (Ellipsis,), None, False
     try:
-        np.broadcast_shapes(*(a.shape for _, a in adv))
+        if len(adv) > 1:
+            np.broadcast_shapes(*(a.shape for _, a in adv))
     except ValueError:
         shapes = " ".join(str(list(a.shape)) for _, a in adv)
         raise IndexError(
@@ -217,10 +219,12 @@ Index.meta = _index_meta
 def getitem(self: Tensor, index) -> Tensor:
     """x[index] with torch semantics: basic indices give views, advanced ones gather (a copy)."""
     basic, adv, unique = _parse(self, index)
-    out = Index.apply(self, idx=basic, basic=True)
-    if adv is not None:
-        out = Index.apply(out, idx=adv, basic=False, unique=unique)
-    return out
+    if adv is None:
+        return Index.apply(self, idx=basic, basic=True)
+    out = self
+    if any(b != _ALL for b in basic):  # the basic step is not the identity
+        out = Index.apply(self, idx=basic, basic=True)
+    return Index.apply(out, idx=adv, basic=False, unique=unique)
 
 
 # ------------------------------------------------------------------ setitem / index_put
@@ -307,9 +311,7 @@ def _put(self: Tensor, basic: tuple, adv, value, accumulate: bool) -> Tensor:
             raise DTypeError(f"can't assign a {type(value).__name__} to a tensor")
         varr = varr.astype(self._data.dtype)
     if autograd.is_grad_enabled() and (self.requires_grad or (v is not None and v.requires_grad)):
-        old = self
-        if self._ctx is not None:  # the node's parent must be the old version, not self (a cycle)
-            old = Tensor._wrap(self._data, self._device, self._ctx)
+        old = _old(self)
         if v is not None:
             out = SetItem.apply(old, v, basic=basic, adv=adv, accumulate=accumulate)
         else:
@@ -433,9 +435,7 @@ class MaskedScatter(Function):
         return out
 
     def meta(self, x, s, mask):
-        raise UnsupportedError(
-            "masked_scatter on the meta device: which elements are written depends on data"
-        )
+        return x.shape, x.dtype
 
     def backward(self, g):
         gx = np.where(self.mask, 0, g).astype(g.dtype)
@@ -501,3 +501,6 @@ METHODS = {
 }  # fmt: skip
 METHODS.update(_gather.METHODS)
 METHODS.update(_search.METHODS)
+METHODS.update({n + "_": inplace(METHODS[n]) for n in
+                ["masked_fill", "masked_scatter", "scatter", "scatter_add", "scatter_reduce",
+                 "index_fill", "index_add", "index_copy", "put"]})  # fmt: skip

@@ -11,9 +11,10 @@ import operator
 
 import numpy as np
 
+from ember import autograd
 from ember import dtypes as _dt
 from ember.autograd import Function, unbroadcast
-from ember.errors import ShapeError
+from ember.errors import AutogradError, ShapeError
 from ember.ops import _join, _rearrange
 from ember.ops._join import *  # noqa: F403  (re-exported)
 from ember.ops._rearrange import *  # noqa: F403  (re-exported)
@@ -549,6 +550,44 @@ def meshgrid(*tensors, indexing: str = "ij") -> tuple:
     return tuple(out)
 
 
+# ------------------------------------------------------------------ in-place forms
+def _old(self: Tensor) -> Tensor:
+    """self's current version as its own tensor, so that a node recorded now does not point back
+    at self once self is rebound to that node (which would make a cycle)."""
+    if self._ctx is not None and autograd.is_grad_enabled():
+        return Tensor._wrap(self._data, self._device, self._ctx)
+    return self
+
+
+def inplace(fn):
+    """The in-place method of an out-of-place op: values are written into self (views see it);
+    with grad, self is rebound to the new node (see Tensor._assign)."""
+
+    def method(self, *args, **kwargs):
+        return self._assign(fn(_old(self), *args, **kwargs))
+
+    method.__name__ = fn.__name__ + "_"
+    method.__doc__ = f"In-place {fn.__name__}."
+    return method
+
+
+def inplace_view(fn):
+    """The in-place method of a view op (t_, transpose_, squeeze_, ...): self takes the new view."""
+
+    def method(self, *args, **kwargs):
+        if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
+            raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
+        out = fn(_old(self), *args, **kwargs)
+        self._data = out._data
+        if out._ctx is not None:
+            self._ctx = out._ctx
+        return self
+
+    method.__name__ = fn.__name__ + "_"
+    method.__doc__ = f"In-place {fn.__name__} (self becomes the view)."
+    return method
+
+
 __all__ = [
     "reshape", "view", "view_as", "reshape_as", "flatten", "ravel", "unflatten", "squeeze",
     "unsqueeze", "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
@@ -565,3 +604,6 @@ METHODS = {
               "narrow", "select", "split", "tensor_split", "chunk", "unbind", "diagonal"]
 }  # fmt: skip
 METHODS.update(_rearrange.METHODS)
+METHODS.update({n + "_": inplace_view(globals()[n]) for n in
+                ["t", "transpose", "swapaxes", "swapdims", "squeeze", "unsqueeze"]})  # fmt: skip
+METHODS.update({n + "_": inplace(globals()[n]) for n in ["tril", "triu"]})
