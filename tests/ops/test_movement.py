@@ -358,3 +358,14 @@ def test_meta_shapes():
     assert m.diagonal(0, 0, 2).shape == (3, 2)
     assert [t.shape for t in m.split(2, 2)] == [(2, 3, 2), (2, 3, 2)]
     assert m.flip(0).device == "meta" and m.tril().shape == m.shape
+    big = ember.zeros(100_000, 100_000, device="meta")  # 40 GB if anything were allocated
+    assert big.clone().shape == big.contiguous().shape == big.flip(1).shape == big.shape
+    assert big[:, [1, 2]].shape == (100_000, 2) and big.view(ember.float16).shape == (
+        100_000,
+        200_000,
+    )
+    assert (
+        ember.cat([big, big]).shape == (200_000, 100_000) and big.repeat(1, 2).shape[1] == 200_000
+    )
+    assert ember.pad(big, (1, 1), mode="replicate").shape == (100_000, 100_002)
+    assert big.masked_fill(ember.ones(1, dtype=ember.bool, device="meta"), 0.0).shape == big.shape

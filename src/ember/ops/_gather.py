@@ -208,6 +208,9 @@ class ScatterReduce(Function):
         self.xa, self.sa, self.out, self.count, self.touched = xa, sa, out, count, touched
         return out.astype(x.dtype, copy=False)
 
+    def meta(self, x, s, idx, reduce, include_self):
+        return x.shape, x.dtype
+
     def backward(self, g):
         dt, idx, r = g.dtype, self.idx, self.reduce
         g = g.astype(acc_dtype(dt), copy=False)

@@ -38,6 +38,9 @@ class _Copy(Function):
     def forward(self, x):
         return x.copy()
 
+    def meta(self, x):
+        return x.shape, x.dtype
+
     def backward(self, g):
         return g
 

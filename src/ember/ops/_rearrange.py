@@ -12,7 +12,8 @@ import numpy as np
 
 from ember import dtypes as _dt
 from ember.autograd import Function
-from ember.errors import ShapeError
+from ember.device import META
+from ember.errors import ShapeError, UnsupportedError
 from ember.ops._util import wrap_dim
 from ember.tensor import Tensor
 
@@ -211,6 +212,8 @@ def repeat_interleave(
         if x._data.ndim == 0:
             x = reshape(x, 1)
     n = x._data.shape[d]
+    if isinstance(repeats, Tensor) and repeats._device is META and repeats._data.size > 1:
+        raise UnsupportedError("repeat_interleave with meta repeats: the size depends on data")
     r = repeats._data if isinstance(repeats, Tensor) else np.asarray(repeats)
     if r.dtype.kind not in "iu" or r.ndim > 1:
         raise ShapeError("repeat_interleave: repeats must be an int or a 0-d/1-d integer tensor")

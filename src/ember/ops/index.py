@@ -371,6 +371,9 @@ class MaskedFill(Function):
         val = v[0] if v else value
         return np.where(mask, val, x).astype(x.dtype, copy=False)
 
+    def meta(self, x, *v, mask, value=None):
+        return np.broadcast_shapes(x.shape, mask.shape), x.dtype
+
     def backward(self, g):
         gx = gv = None
         if self.needs_input_grad[0]:

@@ -13,7 +13,8 @@ import numpy as np
 
 from ember import autograd
 from ember import dtypes as _dt
-from ember.autograd import Function, unbroadcast
+from ember.autograd import Function, meta_array, unbroadcast
+from ember.device import META
 from ember.errors import AutogradError, ShapeError
 from ember.ops import _join, _rearrange
 from ember.ops._join import *  # noqa: F403  (re-exported)
@@ -94,6 +95,10 @@ def view(input: Tensor, *shape) -> Tensor:
     """Reshape without copying (ShapeError when strides forbid it); view(dtype) reinterprets."""
     if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int, np.integer)):
         dt = _dt.get_dtype(shape[0])
+        if input._device is META:
+            s = input._data.shape
+            n = s[-1] * input._data.itemsize // dt.itemsize if s else 0
+            return Tensor._wrap(meta_array(s[:-1] + (n,) if s else s, dt.np), META)
         return Tensor._wrap(input._data.view(dt.np), input._device)
     shape = _infer(shape_arg(shape), input._data.size, "view", input._data.shape)
     return View.apply(input, shape=shape)
@@ -304,6 +309,9 @@ class Contiguous(Function):
     def forward(self, x):
         return np.array(x, order="C", copy=True)
 
+    def meta(self, x):
+        return x.shape, x.dtype
+
     def backward(self, g):
         return g
 
@@ -320,6 +328,9 @@ class Clone(Function):
 
     def forward(self, x):
         return x.copy()
+
+    def meta(self, x):
+        return x.shape, x.dtype
 
     def backward(self, g):
         return g
