@@ -1,7 +1,8 @@
-"""Joining tensors: cat, stack, hstack, vstack, dstack, column_stack (all copy, as in PyTorch).
+"""Joining tensors: cat, stack, hstack, vstack, dstack, column_stack (copies, as in PyTorch),
+and the views that prepare them: atleast_1d/2d/3d and meshgrid.
 
-Re-exported by ember.ops.movement, which imports this module; the views it needs (unsqueeze,
-atleast_*) are therefore imported from movement inside the functions.
+Re-exported by ember.ops.movement, which imports this module; the views it needs (reshape,
+expand, unsqueeze) are therefore imported from movement inside the functions.
 """
 
 from __future__ import annotations
@@ -111,16 +112,12 @@ def stack(tensors, dim: int = 0) -> Tensor:
 
 def hstack(tensors) -> Tensor:
     """Concatenate along dim 1 (dim 0 for 1-d tensors)."""
-    from ember.ops.movement import atleast_1d
-
     ts = _common(atleast_1d(list(tensors)), "hstack")
     return cat(ts, 0 if ts[0]._data.ndim == 1 else 1)
 
 
 def vstack(tensors) -> Tensor:
     """Concatenate along dim 0 after viewing each tensor as at least 2-d."""
-    from ember.ops.movement import atleast_2d
-
     return cat(atleast_2d(list(tensors)), 0)
 
 
@@ -129,8 +126,6 @@ row_stack = vstack
 
 def dstack(tensors) -> Tensor:
     """Concatenate along dim 2 after viewing each tensor as at least 3-d."""
-    from ember.ops.movement import atleast_3d
-
     return cat(atleast_3d(list(tensors)), 2)
 
 
@@ -141,8 +136,71 @@ def column_stack(tensors) -> Tensor:
     return cat([reshape(x, x._data.size, 1) if x._data.ndim <= 1 else x for x in tensors], 1)
 
 
+# ------------------------------------------------------------------ at-least views, grids (views)
+def atleast_1d(*tensors):
+    """Each tensor viewed with at least 1 dim (a tuple when given several)."""
+    from ember.ops.movement import reshape
+
+    out = [reshape(x, 1) if x._data.ndim == 0 else x for x in _seq(tensors)]
+    return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
+
+
+def atleast_2d(*tensors):
+    """Each tensor viewed with at least 2 dims (new dims in front)."""
+    from ember.ops.movement import reshape
+
+    out = [
+        reshape(x, (1,) * (2 - x._data.ndim) + x._data.shape) if x._data.ndim < 2 else x
+        for x in _seq(tensors)
+    ]
+    return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
+
+
+def atleast_3d(*tensors):
+    """Each tensor viewed with at least 3 dims: (n,) -> (1, n, 1), (m, n) -> (m, n, 1)."""
+    from ember.ops.movement import reshape
+
+    def f(x):
+        s = x._data.shape
+        return (
+            reshape(x, {0: (1, 1, 1), 1: (1,) + s + (1,), 2: s + (1,)}[len(s)]) if len(s) < 3 else x
+        )
+
+    out = [f(x) for x in _seq(tensors)]
+    return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
+
+
+def _seq(tensors) -> list:
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        return list(tensors[0])
+    return list(tensors)
+
+
+def meshgrid(*tensors, indexing: str = "ij") -> tuple:
+    """Coordinate grids (expanded views) of 1-d tensors; indexing 'ij' (matrix) or 'xy' (x, y)."""
+    from ember.ops.movement import expand, reshape
+
+    ts = [reshape(x, -1) for x in _seq(tensors)]
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if not ts:
+        raise ShapeError("meshgrid expects a non-empty list of tensors")
+    n = len(ts)
+    swap = indexing == "xy" and n >= 2
+    sizes = [x._data.shape[0] for x in ts]
+    if swap:
+        sizes[0], sizes[1] = sizes[1], sizes[0]
+    out = []
+    for i, x in enumerate(ts):
+        pos = (1 - i if i < 2 else i) if swap else i
+        shape = [1] * n
+        shape[pos] = x._data.shape[0]
+        out.append(expand(reshape(x, tuple(shape)), tuple(sizes)))
+    return tuple(out)
+
+
 __all__ = [
     "cat", "concat", "concatenate", "stack", "hstack", "vstack", "row_stack", "dstack",
-    "column_stack",
+    "column_stack", "atleast_1d", "atleast_2d", "atleast_3d", "meshgrid",
 ]  # fmt: skip
 METHODS: dict = {}

@@ -49,6 +49,8 @@ def _index_array(obj, dev) -> np.ndarray:
         return obj._data
     if isinstance(obj, np.ndarray):
         return obj
+    if isinstance(obj, range):
+        return np.arange(obj.start, obj.stop, obj.step)
     if any(isinstance(o, Tensor) for o in obj):
         obj = [o._data if isinstance(o, Tensor) else o for o in obj]
     try:
@@ -96,7 +98,7 @@ def _parse(x: Tensor, index) -> tuple:
         elif isinstance(it, slice):
             items.append((4, it))
             used += 1
-        elif isinstance(it, (Tensor, np.ndarray, list, tuple)):
+        elif isinstance(it, (Tensor, np.ndarray, list, tuple, range)):
             arr = _index_array(it, x._device)
             k = arr.dtype.kind
             if k == "b" or arr.dtype == np.uint8:

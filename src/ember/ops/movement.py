@@ -505,62 +505,6 @@ def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Te
     return Diagonal.apply(input, offset=operator.index(offset), d1=d1, d2=d2)
 
 
-# ------------------------------------------------------------------ at-least views, grids
-def atleast_1d(*tensors):
-    """Each tensor viewed with at least 1 dim (a tuple when given several)."""
-    out = [reshape(x, 1) if x._data.ndim == 0 else x for x in _seq(tensors)]
-    return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
-
-
-def atleast_2d(*tensors):
-    """Each tensor viewed with at least 2 dims (new dims in front)."""
-    out = [
-        reshape(x, (1,) * (2 - x._data.ndim) + x._data.shape) if x._data.ndim < 2 else x
-        for x in _seq(tensors)
-    ]
-    return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
-
-
-def atleast_3d(*tensors):
-    """Each tensor viewed with at least 3 dims: (n,) -> (1, n, 1), (m, n) -> (m, n, 1)."""
-
-    def f(x):
-        s = x._data.shape
-        return (
-            reshape(x, {0: (1, 1, 1), 1: (1,) + s + (1,), 2: s + (1,)}[len(s)]) if len(s) < 3 else x
-        )
-
-    out = [f(x) for x in _seq(tensors)]
-    return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
-
-
-def _seq(tensors) -> list:
-    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
-        return list(tensors[0])
-    return list(tensors)
-
-
-def meshgrid(*tensors, indexing: str = "ij") -> tuple:
-    """Coordinate grids (expanded views) of 1-d tensors; indexing 'ij' (matrix) or 'xy' (x, y)."""
-    ts = [reshape(x, -1) for x in _seq(tensors)]
-    if indexing not in ("ij", "xy"):
-        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
-    if not ts:
-        raise ShapeError("meshgrid expects a non-empty list of tensors")
-    n = len(ts)
-    swap = indexing == "xy" and n >= 2
-    sizes = [x._data.shape[0] for x in ts]
-    if swap:
-        sizes[0], sizes[1] = sizes[1], sizes[0]
-    out = []
-    for i, x in enumerate(ts):
-        pos = (1 - i if i < 2 else i) if swap else i
-        shape = [1] * n
-        shape[pos] = x._data.shape[0]
-        out.append(expand(reshape(x, tuple(shape)), tuple(sizes)))
-    return tuple(out)
-
-
 # ------------------------------------------------------------------ in-place forms
 def _old(self: Tensor) -> Tensor:
     """self's current version as its own tensor, so that a node recorded now does not point back
@@ -604,7 +548,7 @@ __all__ = [
     "unsqueeze", "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
     "expand", "expand_as", "broadcast_to", "broadcast_shapes", "broadcast_tensors", "contiguous",
     "clone", "narrow", "select", "split", "tensor_split", "chunk", "unbind", "diagonal",
-    "atleast_1d", "atleast_2d", "atleast_3d", "meshgrid", *_rearrange.__all__, *_join.__all__,
+    *_rearrange.__all__, *_join.__all__,
 ]  # fmt: skip
 
 METHODS = {
