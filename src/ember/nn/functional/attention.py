@@ -345,7 +345,7 @@ def multi_head_attention_forward(
 
     if attn_mask is not None:
         attn_mask = (
-            attn_mask.unsqueeze(0) if attn_mask.shape[0] == 1 else attn_mask.reshape(N, H, L, S)
+            attn_mask.unsqueeze(0) if attn_mask.shape[0] == 1 else attn_mask.reshape(N, H, -1, S)
         )
     q = q.reshape(N, H, L, hd)
     k = k.reshape(N, H, S, hd)

@@ -107,8 +107,6 @@ class RNNBase(Module):
             s += f", dropout={self.dropout}"
         if self.bidirectional is not False:
             s += f", bidirectional={self.bidirectional}"
-        if getattr(self, "nonlinearity", "tanh") != "tanh":
-            s += f", nonlinearity={self.nonlinearity}"
         return s
 
     def _run(self, x: Tensor, states: list) -> tuple:
