@@ -23,7 +23,7 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.demo-installed
 
 demo: $(VENV)/.demo-installed
-	$(BIN)/python examples/linear_regression.py
+	$(BIN)/ember chat --once "What is the capital of France?"
 
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider

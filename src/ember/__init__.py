@@ -38,6 +38,29 @@ int = int32  # noqa: A001  (torch.int)
 
 __version__ = "0.1.0"
 
+from ember import data, nn, optim  # noqa: E402  (light: numpy only)
+
+_LAZY = {
+    "train": "ember.train",
+    "models": "ember.models",
+    "quant": "ember.quant",
+    "io": "ember.io",
+    "generation": "ember.generation",
+    "serialization": "ember.serialization",
+}
+_LAZY_ATTRS = {"save_file": "ember.serialization", "load_file": "ember.serialization"}
+
+
+def __getattr__(name: str):
+    """Import the heavier sub-packages (file formats, models, training UI) on first use."""
+    import importlib
+
+    if name in _LAZY:
+        return importlib.import_module(_LAZY[name])
+    if name in _LAZY_ATTRS:
+        return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")
+
 
 def is_tensor(obj) -> "builtins.bool":  # noqa: F821
     """Whether obj is an ember Tensor."""
