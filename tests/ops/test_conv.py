@@ -190,3 +190,18 @@ def test_depthwise_kernel_matches_reference(xs, ws, s, d, p, out):
             tx = torch.from_numpy(x)
             t = F.conv2d(tx, torch.from_numpy(w), stride=s, padding=p, dilation=d, groups=xs[1])
             np.testing.assert_allclose(got, t.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_meta_does_no_compute():
+    """Shapes far too large for memory: any real compute on meta would raise MemoryError."""
+    x = ember.empty(4096, 256, 512, 512, device="meta")
+    y = ember.conv2d(
+        x, ember.empty(512, 256, 3, 3, device="meta"), ember.empty(512, device="meta"), padding=1
+    )
+    assert tuple(y.shape) == (4096, 512, 512, 512)
+    y = ember.conv2d(x, ember.empty(256, 1, 3, 3, device="meta"), stride=2, padding=1, groups=256)
+    assert tuple(y.shape) == (4096, 256, 256, 256)
+    y = ember.conv_transpose2d(x, ember.empty(256, 64, 4, 4, device="meta"), stride=2, padding=1)
+    assert tuple(y.shape) == (4096, 64, 1024, 1024) and y.device == "meta"
+    y = ember.conv1d(x[0], ember.empty(8, 512, 5, device="meta"), padding="same")
+    assert tuple(y.shape) == (256, 8, 512)

@@ -291,3 +291,18 @@ def test_linalg_extras():
         ember.linalg.inv(ember.ones(2, 3))
     with pytest.raises(ValueError):
         ember.linalg.cholesky(-ember.eye(3))
+
+
+def test_meta_does_no_compute():
+    """Shapes far too large for memory: any real compute on meta would raise MemoryError."""
+    a = ember.empty(4096, 8192, 8192, device="meta")
+    w = ember.empty(16384, 8192, device="meta")
+    assert tuple((a @ w.mT).shape) == (4096, 8192, 16384)
+    assert tuple(ember.linear(a, w, ember.empty(16384, device="meta")).shape) == (4096, 8192, 16384)
+    assert tuple(ember.einsum("bij,bkj->bik", a, a).shape) == (4096, 8192, 8192)
+    assert tuple(ember.tensordot(a, w, dims=([2], [1])).shape) == (4096, 8192, 16384)
+    assert tuple(ember.bmm(a, a).shape) == (4096, 8192, 8192)
+    assert tuple(ember.linalg.inv(a).shape) == (4096, 8192, 8192)
+    assert tuple(ember.linalg.det(a).shape) == (4096,)
+    v = ember.empty(1 << 40, 3, device="meta")
+    assert tuple(ember.cross(v, v).shape) == (1 << 40, 3)

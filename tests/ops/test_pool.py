@@ -202,3 +202,25 @@ def test_unfold_unbatched_and_errors():
     check(lambda a: ember.unfold(a, 2), lambda a: F.unfold(a, 2), [(3, 4, 5)])
     with pytest.raises(ShapeError):
         ember.fold(ember.ones(1, 12, 5), (4, 4), 2)
+
+
+def test_meta_does_no_compute():
+    """Shapes far too large for memory: any real compute on meta would raise MemoryError."""
+    x = ember.empty(4096, 256, 512, 512, device="meta")
+    cases = [
+        (ember.max_pool2d(x, 3, 2, 1), (4096, 256, 256, 256)),
+        (ember.max_pool2d(x, 3, 2, 1, return_indices=True)[1], (4096, 256, 256, 256)),
+        (ember.avg_pool2d(x, 2, ceil_mode=True), (4096, 256, 256, 256)),
+        (ember.adaptive_avg_pool2d(x, (7, 5)), (4096, 256, 7, 5)),
+        (ember.adaptive_max_pool2d(x, 3), (4096, 256, 3, 3)),
+        (ember.interpolate(x, scale_factor=2, mode="bilinear"), (4096, 256, 1024, 1024)),
+        (ember.interpolate(x, size=(3, 4)), (4096, 256, 3, 4)),
+        (ember.unfold(x, 3, padding=1), (4096, 256 * 9, 512 * 512)),
+        (
+            ember.fold(ember.empty(4096, 256 * 4, 256 * 256, device="meta"), 512, 2, stride=2),
+            (4096, 256, 512, 512),
+        ),
+        (ember.max_pool1d(x[0], 4), (256, 512, 128)),
+    ]
+    for out, shape in cases:
+        assert out.device == "meta" and tuple(out.shape) == shape, (out.shape, shape)

@@ -59,6 +59,12 @@ def _sum_sorted(vals: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
 class Interpolate(Function):
     """Separable resampling: one gather (nearest) or two-tap blend (linear) per spatial axis."""
 
+    def meta(self, x, *, plans):
+        shape = list(x.shape)
+        for axis, (i0, *_) in plans:
+            shape[axis] = i0.shape[0]
+        return tuple(shape), x.dtype
+
     def forward(self, x, *, plans):
         self.plans, self.shape = plans, x.shape
         y = _up(x)

@@ -342,6 +342,9 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
 class Cross(Function):
     """Cross product of 3-vectors along an axis."""
 
+    def meta(self, a, b, axis):
+        return np.broadcast_shapes(a.shape, b.shape), a.dtype
+
     def forward(self, a, b, axis):
         self.a, self.b, self.axis = a, b, axis
         return np.cross(a, b, axis=axis)

@@ -114,6 +114,9 @@ def _scatter_flat(g: np.ndarray, idx: np.ndarray, shape: tuple) -> np.ndarray:
 class MaxPool(Function):
     """Max over windows; the gradient goes to the (first) arg-max of each window."""
 
+    def meta(self, x, *, k, s, p, d, out, nd, batched, track):
+        return x.shape[:-nd] + out[2 - nd :], x.dtype
+
     def forward(self, x, *, k, s, p, d, out, nd, batched, track):
         x4 = _to4(x, nd, batched)
         lo = x4.dtype if x4.dtype == _dt.bfloat16.np else None
@@ -223,6 +226,9 @@ def _divisor(size: int, k: int, s: int, p: int, out: int, include_pad: bool) -> 
 class AvgPool(Function):
     """Mean over windows (torch's count_include_pad / divisor_override rules)."""
 
+    def meta(self, x, *, k, s, p, out, nd, batched, include_pad, override):
+        return x.shape[:-nd] + out[2 - nd :], x.dtype
+
     def forward(self, x, *, k, s, p, out, nd, batched, include_pad, override):
         x4 = _to4(x, nd, batched)
         n, c, h, w = x4.shape
@@ -329,6 +335,9 @@ def _adaptive_matrix(size: int, out: int, dtype) -> np.ndarray:
 class AdaptiveAvgPool(Function):
     """Adaptive average pooling as out = A_h @ x @ A_w^T (separable)."""
 
+    def meta(self, x, *, out, nd, batched):
+        return x.shape[:-nd] + out[2 - nd :], x.dtype
+
     def forward(self, x, *, out, nd, batched):
         x4 = _to4(_up(x), nd, batched)
         h, w = x4.shape[2:]
@@ -378,6 +387,9 @@ def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
 
 class AdaptiveMaxPool(Function):
     """Adaptive max pooling: one vectorised max per output cell."""
+
+    def meta(self, x, *, out, nd, batched):
+        return x.shape[:-nd] + out[2 - nd :], x.dtype
 
     def forward(self, x, *, out, nd, batched):
         x4 = _to4(x, nd, batched)
@@ -441,6 +453,9 @@ def adaptive_max_pool2d(input: Tensor, output_size, return_indices: bool = False
 class Unfold(Function):
     """torch.nn.functional.unfold: (N, C, H, W) -> (N, C*kh*kw, L) sliding blocks."""
 
+    def meta(self, x, *, k, s, d, p, out):
+        return (x.shape[0], x.shape[1] * k[0] * k[1], out[0] * out[1]), x.dtype
+
     def forward(self, x, *, k, s, d, p, out):
         self.shape, self.k, self.s, self.d, self.p, self.out = x.shape, k, s, d, p, out
         n, c = x.shape[:2]
@@ -454,6 +469,9 @@ class Unfold(Function):
 
 class Fold(Function):
     """torch.nn.functional.fold: the adjoint of unfold (sums overlapping blocks)."""
+
+    def meta(self, x, *, size, k, s, d, p, out):
+        return (x.shape[0], x.shape[1] // (k[0] * k[1])) + tuple(size), x.dtype
 
     def forward(self, x, *, size, k, s, d, p, out):
         self.k, self.s, self.d, self.p, self.out = k, s, d, p, out
