@@ -69,7 +69,9 @@ def test_sdpa_gqa():
     _sdpa_case((2, 6, 5, 4), (2, 2, 7, 4), (2, 2, 7, 3), mask=bmask, enable_gqa=True)
     _sdpa_case((2, 6, 5, 4), (2, 3, 7, 4), (2, 3, 7, 3), mask=bmask[:, :1], enable_gqa=True)
     with pytest.raises(ember.errors.ShapeError):
-        F.scaled_dot_product_attention(ember.randn(1, 6, 2, 4), ember.randn(1, 2, 2, 4), ember.randn(1, 2, 2, 4))
+        F.scaled_dot_product_attention(
+            ember.randn(1, 6, 2, 4), ember.randn(1, 2, 2, 4), ember.randn(1, 2, 2, 4)
+        )
 
 
 def test_sdpa_grad_mask_and_dropout_and_meta():
@@ -77,7 +79,9 @@ def test_sdpa_grad_mask_and_dropout_and_meta():
     m = ember.randn(3, 3, dtype=F64, requires_grad=True)
     tm = torch.from_numpy(m.detach().numpy().copy()).requires_grad_()
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-    ref = TF.scaled_dot_product_attention(*(torch.from_numpy(t.numpy().copy()) for t in (q, k, v)), attn_mask=tm)
+    ref = TF.scaled_dot_product_attention(
+        *(torch.from_numpy(t.numpy().copy()) for t in (q, k, v)), attn_mask=tm
+    )
     assert_close(out, ref, F64, "grad mask")
     out.sum().backward()
     ref.sum().backward()
@@ -94,7 +98,9 @@ def test_sdpa_grad_mask_and_dropout_and_meta():
 
 
 def _mha_pair(*args, **kwargs):
-    return nn.MultiheadAttention(*args, **kwargs).double(), torch.nn.MultiheadAttention(*args, **kwargs).double()
+    return nn.MultiheadAttention(*args, **kwargs).double(), torch.nn.MultiheadAttention(
+        *args, **kwargs
+    ).double()
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -111,8 +117,14 @@ def test_mha_self_attention(need_weights, batch_first):
         ({"key_padding_mask": ember.tensor(kpm)}, {"key_padding_mask": torch.from_numpy(kpm)}),
         ({"attn_mask": ember.from_numpy(am)}, {"attn_mask": torch.from_numpy(am)}),
         (
-            {"attn_mask": ember.tensor(np.triu(np.ones((5, 5), bool), 1)), "key_padding_mask": ember.tensor(kpm)},
-            {"attn_mask": torch.from_numpy(np.triu(np.ones((5, 5), bool), 1)), "key_padding_mask": torch.from_numpy(kpm)},
+            {
+                "attn_mask": ember.tensor(np.triu(np.ones((5, 5), bool), 1)),
+                "key_padding_mask": ember.tensor(kpm),
+            },
+            {
+                "attn_mask": torch.from_numpy(np.triu(np.ones((5, 5), bool), 1)),
+                "key_padding_mask": torch.from_numpy(kpm),
+            },
         ),
     ]:
         e.zero_grad()
@@ -143,23 +155,37 @@ def test_mha_variants():
     kpm = np.zeros((2, 7), bool)
     kpm[0, -2:] = True
     check_module(
-        e, t, [q, rnd(7, 2, 6, seed=1), rnd(7, 2, 6, seed=2)],
-        ekw={"key_padding_mask": ember.tensor(kpm)}, tkw={"key_padding_mask": torch.from_numpy(kpm)},
-    )  # fmt: skip
+        e,
+        t,
+        [q, rnd(7, 2, 6, seed=1), rnd(7, 2, 6, seed=2)],
+        ekw={"key_padding_mask": ember.tensor(kpm)},
+        tkw={"key_padding_mask": torch.from_numpy(kpm)},
+    )
     e, t = _mha_pair(6, 2, bias=False)
-    check_module(e, t, [rnd(4, 6), rnd(5, 6, seed=1), rnd(5, 6, seed=2)], ekw={"need_weights": False}, tkw={"need_weights": False})  # unbatched
+    check_module(
+        e,
+        t,
+        [rnd(4, 6), rnd(5, 6, seed=1), rnd(5, 6, seed=2)],
+        ekw={"need_weights": False},
+        tkw={"need_weights": False},
+    )  # unbatched
     e, t = _mha_pair(8, 4, batch_first=True)
     x = rnd(2, 5, 8)
     check_module(
-        e, t, [x, rnd(2, 3, 8, seed=3), rnd(2, 3, 8, seed=4)],
-        ekw={"average_attn_weights": False}, tkw={"average_attn_weights": False},
-    )  # fmt: skip
+        e,
+        t,
+        [x, rnd(2, 3, 8, seed=3), rnd(2, 3, 8, seed=4)],
+        ekw={"average_attn_weights": False},
+        tkw={"average_attn_weights": False},
+    )
     am3 = np.random.default_rng(2).standard_normal((2 * 4, 5, 3))
     check_module(
-        e, t, [x, rnd(2, 3, 8, seed=3), rnd(2, 3, 8, seed=4)],
+        e,
+        t,
+        [x, rnd(2, 3, 8, seed=3), rnd(2, 3, 8, seed=4)],
         ekw={"attn_mask": ember.from_numpy(am3), "need_weights": False},
         tkw={"attn_mask": torch.from_numpy(am3), "need_weights": False},
-    )  # fmt: skip
+    )
 
 
 def test_mha_causal_hint_and_dropout():
@@ -182,7 +208,13 @@ def test_mha_causal_hint_and_dropout():
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_transformer_encoder_layer(norm_first, activation, batch_first):
-    kw = dict(dim_feedforward=16, dropout=0.0, activation=activation, norm_first=norm_first, batch_first=batch_first)
+    kw = dict(
+        dim_feedforward=16,
+        dropout=0.0,
+        activation=activation,
+        norm_first=norm_first,
+        batch_first=batch_first,
+    )
     e = nn.TransformerEncoderLayer(8, 2, **kw).double()
     t = torch.nn.TransformerEncoderLayer(8, 2, **kw).double()
     assert list(e.state_dict()) == list(t.state_dict())
@@ -193,7 +225,11 @@ def test_transformer_encoder_layer(norm_first, activation, batch_first):
     e.zero_grad()
     t.zero_grad()
     check_module(
-        e, t, [x], ekw={"src_key_padding_mask": ember.tensor(kpm)}, tkw={"src_key_padding_mask": torch.from_numpy(kpm)}
+        e,
+        t,
+        [x],
+        ekw={"src_key_padding_mask": ember.tensor(kpm)},
+        tkw={"src_key_padding_mask": torch.from_numpy(kpm)},
     )
     e.eval()
     t.eval()
@@ -205,11 +241,19 @@ def test_transformer_encoder_and_decoder():
     layer_e = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
     layer_t = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
     e = nn.TransformerEncoder(layer_e, 2, norm=nn.LayerNorm(8)).double()
-    t = torch.nn.TransformerEncoder(layer_t, 2, norm=torch.nn.LayerNorm(8), enable_nested_tensor=False).double()
+    t = torch.nn.TransformerEncoder(
+        layer_t, 2, norm=torch.nn.LayerNorm(8), enable_nested_tensor=False
+    ).double()
     assert list(e.state_dict()) == list(t.state_dict())
     assert e.layers[0].linear1.weight is not e.layers[1].linear1.weight
     mask = np.triu(np.full((5, 5), -np.inf), 1)
-    check_module(e, t, [rnd(5, 3, 8)], ekw={"mask": ember.from_numpy(mask)}, tkw={"mask": torch.from_numpy(mask)})
+    check_module(
+        e,
+        t,
+        [rnd(5, 3, 8)],
+        ekw={"mask": ember.from_numpy(mask)},
+        tkw={"mask": torch.from_numpy(mask)},
+    )
     de = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, norm_first=True).double()
     dt = torch.nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, norm_first=True).double()
     assert list(de.state_dict()) == list(dt.state_dict())
@@ -218,7 +262,13 @@ def test_transformer_encoder_and_decoder():
     tt = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0).double()
     assert list(te.state_dict()) == list(tt.state_dict())
     sq = nn.Transformer.generate_square_subsequent_mask(4, dtype=F64)
-    np.testing.assert_array_equal(sq.numpy(), torch.nn.Transformer.generate_square_subsequent_mask(4).numpy())
+    np.testing.assert_array_equal(
+        sq.numpy(), torch.nn.Transformer.generate_square_subsequent_mask(4).numpy()
+    )
     check_module(
-        te, tt, [rnd(5, 2, 8), rnd(4, 2, 8, seed=1)], ekw={"tgt_mask": sq}, tkw={"tgt_mask": torch.from_numpy(sq.numpy())}
+        te,
+        tt,
+        [rnd(5, 2, 8), rnd(4, 2, 8, seed=1)],
+        ekw={"tgt_mask": sq},
+        tkw={"tgt_mask": torch.from_numpy(sq.numpy())},
     )

@@ -12,13 +12,13 @@ from ember.nn import init
 
 @pytest.mark.parametrize("shape", [(3, 4), (8, 3, 5), (16, 4, 3, 3), (2, 6, 1, 2, 3), (5, 0)])
 def test_fans_match_torch(shape):
-    assert init._calculate_fan_in_and_fan_out(ember.empty(shape)) == torch.nn.init._calculate_fan_in_and_fan_out(
-        torch.empty(shape)
-    )
+    assert init._calculate_fan_in_and_fan_out(
+        ember.empty(shape)
+    ) == torch.nn.init._calculate_fan_in_and_fan_out(torch.empty(shape))
     for mode in ("fan_in", "fan_out"):
-        assert init._calculate_correct_fan(ember.empty(shape), mode) == torch.nn.init._calculate_correct_fan(
-            torch.empty(shape), mode
-        )
+        assert init._calculate_correct_fan(
+            ember.empty(shape), mode
+        ) == torch.nn.init._calculate_correct_fan(torch.empty(shape), mode)
     with pytest.raises(ValueError):
         init._calculate_fan_in_and_fan_out(ember.empty(4))
     with pytest.raises(ValueError):
@@ -27,9 +27,18 @@ def test_fans_match_torch(shape):
 
 @pytest.mark.parametrize(
     "nl,param",
-    [("linear", None), ("conv2d", None), ("sigmoid", None), ("tanh", None), ("relu", None), ("leaky_relu", None),
-     ("leaky_relu", 0.2), ("selu", None), ("conv_transpose2d", None)],
-)  # fmt: skip
+    [
+        ("linear", None),
+        ("conv2d", None),
+        ("sigmoid", None),
+        ("tanh", None),
+        ("relu", None),
+        ("leaky_relu", None),
+        ("leaky_relu", 0.2),
+        ("selu", None),
+        ("conv_transpose2d", None),
+    ],
+)
 def test_gain_matches_torch(nl, param):
     assert init.calculate_gain(nl, param) == pytest.approx(torch.nn.init.calculate_gain(nl, param))
 
@@ -68,7 +77,11 @@ def test_xavier_kaiming():
     _, s, _, _ = _stats(init.xavier_normal_(t))
     assert abs(s - math.sqrt(2.0 / (fan_in + fan_out))) < 0.02 * s
     _, s, lo, hi = _stats(init.kaiming_uniform_(t, a=math.sqrt(5)))
-    bound = math.sqrt(3.0) * torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / math.sqrt(fan_in)
+    bound = (
+        math.sqrt(3.0)
+        * torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5))
+        / math.sqrt(fan_in)
+    )
     assert -bound <= lo and hi <= bound and abs(s - bound / math.sqrt(3)) < 0.02 * bound
     _, s, _, _ = _stats(init.kaiming_normal_(t, mode="fan_out", nonlinearity="relu"))
     assert abs(s - math.sqrt(2.0 / fan_out)) < 0.02 * s
@@ -83,13 +96,20 @@ def test_trunc_normal_orthogonal_dirac_sparse():
     ref = torch.nn.init.trunc_normal_(torch.empty(300, 200), mean=0.5, std=1.0, a=-1.0, b=2.0)
     assert abs(m - ref.mean().item()) < 0.02 and abs(s - ref.std().item()) < 0.02
     for shape in [(6, 4), (4, 6), (3, 2, 2, 2)]:
-        q = init.orthogonal_(ember.empty(*shape), gain=1.5).numpy().reshape(shape[0], -1).astype(np.float64)
+        q = (
+            init.orthogonal_(ember.empty(*shape), gain=1.5)
+            .numpy()
+            .reshape(shape[0], -1)
+            .astype(np.float64)
+        )
         if q.shape[0] <= q.shape[1]:
             np.testing.assert_allclose(q @ q.T, 2.25 * np.eye(q.shape[0]), atol=1e-5)
         else:
             np.testing.assert_allclose(q.T @ q, 2.25 * np.eye(q.shape[1]), atol=1e-5)
     d = init.dirac_(ember.empty(4, 2, 3, 3), groups=2)
-    np.testing.assert_array_equal(d.numpy(), torch.nn.init.dirac_(torch.empty(4, 2, 3, 3), groups=2).numpy())
+    np.testing.assert_array_equal(
+        d.numpy(), torch.nn.init.dirac_(torch.empty(4, 2, 3, 3), groups=2).numpy()
+    )
     sp = init.sparse_(ember.empty(10, 6), sparsity=0.3).numpy()
     assert np.all((sp == 0).sum(0) >= 3)
 

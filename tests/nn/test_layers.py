@@ -24,14 +24,29 @@ def _twins(name, *args, **kwargs):
         ("Linear", (5, 3), {"bias": False}, (7, 5)),
         ("Linear", (1, 1), {}, (1,)),
         ("Conv1d", (4, 6, 3), {"stride": 2, "padding": 1, "dilation": 1}, (2, 4, 11)),
-        ("Conv1d", (4, 4, 3), {"groups": 4, "padding": "same", "padding_mode": "circular"}, (2, 4, 9)),
+        (
+            "Conv1d",
+            (4, 4, 3),
+            {"groups": 4, "padding": "same", "padding_mode": "circular"},
+            (2, 4, 9),
+        ),
         ("Conv2d", (3, 5, 3), {"padding": 1}, (2, 3, 7, 6)),
-        ("Conv2d", (4, 6, (3, 2)), {"stride": (2, 1), "dilation": (1, 2), "groups": 2, "bias": False}, (1, 4, 9, 8)),
+        (
+            "Conv2d",
+            (4, 6, (3, 2)),
+            {"stride": (2, 1), "dilation": (1, 2), "groups": 2, "bias": False},
+            (1, 4, 9, 8),
+        ),
         ("Conv2d", (3, 3, 3), {"groups": 3, "padding": 2, "padding_mode": "reflect"}, (2, 3, 6, 5)),
         ("Conv2d", (2, 4, 4), {"padding": "same", "padding_mode": "replicate"}, (1, 2, 6, 7)),
         ("Conv2d", (2, 4, 4), {"padding": "same"}, (1, 2, 6, 7)),
         ("Conv2d", (3, 4, 1), {}, (2, 3, 4, 4)),
-        ("ConvTranspose2d", (4, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}, (2, 4, 5, 4)),
+        (
+            "ConvTranspose2d",
+            (4, 3, 3),
+            {"stride": 2, "padding": 1, "output_padding": 1},
+            (2, 4, 5, 4),
+        ),
         ("ConvTranspose2d", (4, 6, (2, 3)), {"groups": 2, "dilation": 2}, (1, 4, 3, 5)),
         ("ConvTranspose1d", (3, 2, 3), {"stride": 3}, (2, 3, 5)),
         ("MaxPool2d", (3,), {"stride": 2, "padding": 1}, (2, 3, 7, 8)),
@@ -45,8 +60,18 @@ def _twins(name, *args, **kwargs):
         ("AdaptiveAvgPool1d", (4,), {}, (2, 3, 9)),
         ("AdaptiveMaxPool2d", ((2, 3),), {}, (1, 2, 7, 7)),
         ("Upsample", (), {"scale_factor": 2, "mode": "nearest"}, (1, 2, 3, 4)),
-        ("Upsample", (), {"size": (5, 7), "mode": "bilinear", "align_corners": False}, (2, 2, 3, 4)),
-        ("Upsample", (), {"scale_factor": 1.5, "mode": "bilinear", "align_corners": True}, (1, 1, 4, 4)),
+        (
+            "Upsample",
+            (),
+            {"size": (5, 7), "mode": "bilinear", "align_corners": False},
+            (2, 2, 3, 4),
+        ),
+        (
+            "Upsample",
+            (),
+            {"scale_factor": 1.5, "mode": "bilinear", "align_corners": True},
+            (1, 1, 4, 4),
+        ),
         ("Flatten", (), {}, (2, 3, 4, 5)),
         ("Flatten", (0, 1), {}, (2, 3, 4)),
         ("Unflatten", (1, (2, 3)), {}, (4, 6, 2)),
@@ -77,14 +102,34 @@ def test_layer_matches_torch(name, args, kwargs, shape):
 @pytest.mark.parametrize(
     "name,args",
     [
-        ("ReLU", ()), ("ReLU6", ()), ("GELU", ()), ("GELU", ("tanh",)), ("SiLU", ()), ("Sigmoid", ()),
-        ("Tanh", ()), ("Softmax", (1,)), ("LogSoftmax", (-1,)), ("Softmin", (0,)), ("LeakyReLU", (0.2,)),
-        ("ELU", (0.7,)), ("CELU", (1.3,)), ("SELU", ()), ("Hardswish", ()), ("Hardsigmoid", ()),
-        ("Mish", ()), ("Softplus", (2.0, 3.0)), ("Hardtanh", (-0.5, 0.8)), ("LogSigmoid", ()),
-        ("Softsign", ()), ("Tanhshrink", ()), ("Softshrink", (0.3,)), ("Hardshrink", (0.4,)),
-        ("Threshold", (0.1, -2.0)), ("GLU", (1,)),
+        ("ReLU", ()),
+        ("ReLU6", ()),
+        ("GELU", ()),
+        ("GELU", ("tanh",)),
+        ("SiLU", ()),
+        ("Sigmoid", ()),
+        ("Tanh", ()),
+        ("Softmax", (1,)),
+        ("LogSoftmax", (-1,)),
+        ("Softmin", (0,)),
+        ("LeakyReLU", (0.2,)),
+        ("ELU", (0.7,)),
+        ("CELU", (1.3,)),
+        ("SELU", ()),
+        ("Hardswish", ()),
+        ("Hardsigmoid", ()),
+        ("Mish", ()),
+        ("Softplus", (2.0, 3.0)),
+        ("Hardtanh", (-0.5, 0.8)),
+        ("LogSigmoid", ()),
+        ("Softsign", ()),
+        ("Tanhshrink", ()),
+        ("Softshrink", (0.3,)),
+        ("Hardshrink", (0.4,)),
+        ("Threshold", (0.1, -2.0)),
+        ("GLU", (1,)),
     ],
-)  # fmt: skip
+)
 def test_activations(name, args):
     x = rnd(3, 4, 6, low=-4, high=4, seed=1)
     x[np.abs(x) < 1e-3] = 0.5  # keep off kinks
@@ -128,7 +173,9 @@ def test_embedding():
     fe = nn.Embedding.from_pretrained(table)
     assert not fe.weight.requires_grad and fe.weight.numpy(force=True) is table.numpy()
     assert nn.Embedding.from_pretrained(table, freeze=False).weight.requires_grad
-    assert repr(nn.Embedding.from_pretrained(table, padding_idx=1)) == "Embedding(5, 3, padding_idx=1)"
+    assert (
+        repr(nn.Embedding.from_pretrained(table, padding_idx=1)) == "Embedding(5, 3, padding_idx=1)"
+    )
     assert nn.Embedding(5, 3, padding_idx=-1).padding_idx == 4
     # max_norm renormalises looked-up rows in place, as torch
     me, mt = _twins("Embedding", 6, 3, max_norm=1.0)
@@ -141,7 +188,13 @@ def test_embedding():
 @pytest.mark.parametrize("cls", ["BatchNorm1d", "BatchNorm2d"])
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"momentum": None}, {"affine": False}, {"track_running_stats": False}, {"momentum": 0.3, "eps": 1e-3}],
+    [
+        {},
+        {"momentum": None},
+        {"affine": False},
+        {"track_running_stats": False},
+        {"momentum": 0.3, "eps": 1e-3},
+    ],
 )
 def test_batchnorm(cls, kwargs):
     shape = (6, 3) if cls == "BatchNorm1d" else (4, 3, 5, 2)
@@ -150,7 +203,9 @@ def test_batchnorm(cls, kwargs):
     for step in range(3):  # training: batch stats, running stats updated every step
         check_module(e, t, [rnd(*shape, seed=step)], load=False, seed=step)
         for k, v in t.state_dict().items():
-            np.testing.assert_allclose(e.state_dict()[k].numpy(), v.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)
+            np.testing.assert_allclose(
+                e.state_dict()[k].numpy(), v.numpy(), rtol=1e-10, atol=1e-12, err_msg=k
+            )
         e.zero_grad()
         t.zero_grad()
     e.eval()
@@ -237,7 +292,9 @@ def test_float32_layers_and_low_precision():
     e, t = nn.Linear(8, 4), torch.nn.Linear(8, 4)
     check_module(e, t, [rnd(3, 8, dtype=ember.float32)], dtype=ember.float32, atol=1e-5, rtol=1e-5)
     ln_e, ln_t = nn.LayerNorm(8), torch.nn.LayerNorm(8)
-    check_module(ln_e, ln_t, [rnd(3, 8, dtype=ember.float32)], dtype=ember.float32, atol=1e-5, rtol=1e-4)
+    check_module(
+        ln_e, ln_t, [rnd(3, 8, dtype=ember.float32)], dtype=ember.float32, atol=1e-5, rtol=1e-4
+    )
     for name in ("LayerNorm", "RMSNorm"):
         e, t = getattr(nn, name)(16).bfloat16(), getattr(torch.nn, name)(16).bfloat16()
         sync(t, e)
@@ -245,4 +302,6 @@ def test_float32_layers_and_low_precision():
         oe = e(ember.from_numpy(x).to(ember.bfloat16))
         ot = t(torch.from_numpy(x).to(torch.bfloat16))
         assert oe.dtype == ember.bfloat16
-        np.testing.assert_allclose(oe.float().detach().numpy(), ot.float().detach().numpy(), atol=2e-2, rtol=2e-2)
+        np.testing.assert_allclose(
+            oe.float().detach().numpy(), ot.float().detach().numpy(), atol=2e-2, rtol=2e-2
+        )

@@ -1,4 +1,5 @@
 """Losses vs torch.nn.functional, every option, forward and grads; loss modules."""
+# ruff: noqa: B023  (the lambdas in loops are called at once)
 
 import numpy as np
 import pytest
@@ -154,7 +155,12 @@ def test_regression_losses(reduction):
         (F.huber_loss, TF.huber_loss, {}),
         (F.huber_loss, TF.huber_loss, {"delta": 0.3}),
     ]:
-        _run(lambda x, y: ef(x, y, reduction=reduction, **kw), lambda x, y: tf(x, y, reduction=reduction, **kw), [a, b], [])
+        _run(
+            lambda x, y: ef(x, y, reduction=reduction, **kw),
+            lambda x, y: tf(x, y, reduction=reduction, **kw),
+            [a, b],
+            [],
+        )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -196,8 +202,12 @@ def test_binary_losses(reduction):
     # clamped logs at 0 and 1, as torch
     edge = ember.tensor([0.0, 1.0, 0.5])
     yt = ember.tensor([1.0, 0.0, 1.0])
-    ref = TF.binary_cross_entropy(torch.tensor([0.0, 1.0, 0.5]), torch.tensor([1.0, 0.0, 1.0]), reduction="none")
-    np.testing.assert_allclose(F.binary_cross_entropy(edge, yt, reduction="none").numpy(), ref.numpy(), rtol=1e-6)
+    ref = TF.binary_cross_entropy(
+        torch.tensor([0.0, 1.0, 0.5]), torch.tensor([1.0, 0.0, 1.0]), reduction="none"
+    )
+    np.testing.assert_allclose(
+        F.binary_cross_entropy(edge, yt, reduction="none").numpy(), ref.numpy(), rtol=1e-6
+    )
 
 
 @pytest.mark.filterwarnings("ignore:reduction")
@@ -214,7 +224,9 @@ def test_kl_div(reduction, log_target):
         [x, t],
         [],
     )
-    if not log_target:  # zero targets contribute 0 (torch's target grad there is nan; ours is finite)
+    if (
+        not log_target
+    ):  # zero targets contribute 0 (torch's target grad there is nan; ours is finite)
         t[0, :2] = 0.0
         _run(
             lambda a: F.kl_div(a, ember.from_numpy(t), reduction=reduction),
@@ -227,11 +239,28 @@ def test_kl_div(reduction, log_target):
 def test_similarity_and_distance():
     a, b = rnd(5, 7), rnd(5, 7, seed=1)
     for dim in (1, -1, 0):
-        _run(lambda x, y: F.cosine_similarity(x, y, dim=dim), lambda x, y: TF.cosine_similarity(x, y, dim=dim), [a, b], [])
-    _run(lambda x, y: F.pairwise_distance(x, y), lambda x, y: TF.pairwise_distance(x, y), [a, b], [])
-    _run(lambda x, y: F.pairwise_distance(x, y, p=1.0, keepdim=True), lambda x, y: TF.pairwise_distance(x, y, p=1.0, keepdim=True), [a, b], [])
+        _run(
+            lambda x, y: F.cosine_similarity(x, y, dim=dim),
+            lambda x, y: TF.cosine_similarity(x, y, dim=dim),
+            [a, b],
+            [],
+        )
+    _run(
+        lambda x, y: F.pairwise_distance(x, y), lambda x, y: TF.pairwise_distance(x, y), [a, b], []
+    )
+    _run(
+        lambda x, y: F.pairwise_distance(x, y, p=1.0, keepdim=True),
+        lambda x, y: TF.pairwise_distance(x, y, p=1.0, keepdim=True),
+        [a, b],
+        [],
+    )
     for p, dim in [(2.0, 1), (1.0, 0), (3.0, -1)]:
-        check(lambda x: F.normalize(x, p=p, dim=dim), lambda x: TF.normalize(x, p=p, dim=dim), [(4, 6)], meta=False)
+        check(
+            lambda x: F.normalize(x, p=p, dim=dim),
+            lambda x: TF.normalize(x, p=p, dim=dim),
+            [(4, 6)],
+            meta=False,
+        )
     z = ember.zeros(2, 3)
     assert np.all(F.normalize(z).numpy() == 0)
 
@@ -240,7 +269,12 @@ def test_other_losses():
     a, b = rnd(6), rnd(6, seed=1)
     y = np.sign(rnd(6, seed=2))
     ey, ty = ember.from_numpy(y), torch.from_numpy(y)
-    _run(lambda x, z: F.margin_ranking_loss(x, z, ey, margin=0.1), lambda x, z: TF.margin_ranking_loss(x, z, ty, margin=0.1), [a, b], [])
+    _run(
+        lambda x, z: F.margin_ranking_loss(x, z, ey, margin=0.1),
+        lambda x, z: TF.margin_ranking_loss(x, z, ty, margin=0.1),
+        [a, b],
+        [],
+    )
     _run(lambda x: F.soft_margin_loss(x, ey), lambda x: TF.soft_margin_loss(x, ty), [a], [])
     _run(lambda x: F.hinge_embedding_loss(x, ey), lambda x: TF.hinge_embedding_loss(x, ty), [a], [])
     u, v = rnd(4, 5), rnd(4, 5, seed=3)
@@ -252,16 +286,38 @@ def test_other_losses():
         [],
     )
     w = rnd(4, 5, seed=4)
-    _run(lambda p, q, r: F.triplet_margin_loss(p, q, r, swap=True), lambda p, q, r: TF.triplet_margin_loss(p, q, r, swap=True), [u, v, w], [])
+    _run(
+        lambda p, q, r: F.triplet_margin_loss(p, q, r, swap=True),
+        lambda p, q, r: TF.triplet_margin_loss(p, q, r, swap=True),
+        [u, v, w],
+        [],
+    )
     lam = rnd(4, 5, seed=5, low=0.1, high=3)
     cnt = np.round(rnd(4, 5, seed=6, low=0, high=5))
     ec, tc = ember.from_numpy(cnt), torch.from_numpy(cnt)
-    _run(lambda x: F.poisson_nll_loss(x, ec), lambda x: TF.poisson_nll_loss(x, tc), [np.log(lam)], [])
-    _run(lambda x: F.poisson_nll_loss(x, ec, log_input=False, full=True), lambda x: TF.poisson_nll_loss(x, tc, log_input=False, full=True), [lam], [])
+    _run(
+        lambda x: F.poisson_nll_loss(x, ec), lambda x: TF.poisson_nll_loss(x, tc), [np.log(lam)], []
+    )
+    _run(
+        lambda x: F.poisson_nll_loss(x, ec, log_input=False, full=True),
+        lambda x: TF.poisson_nll_loss(x, tc, log_input=False, full=True),
+        [lam],
+        [],
+    )
     var = rnd(4, 5, seed=7, low=0.5, high=2)
-    _run(lambda x, s: F.gaussian_nll_loss(x, ember.from_numpy(w), s, full=True), lambda x, s: TF.gaussian_nll_loss(x, torch.from_numpy(w), s, full=True), [u, var], [])
+    _run(
+        lambda x, s: F.gaussian_nll_loss(x, ember.from_numpy(w), s, full=True),
+        lambda x, s: TF.gaussian_nll_loss(x, torch.from_numpy(w), s, full=True),
+        [u, var],
+        [],
+    )
     tgt = (rnd(4, 5, seed=8) > 0).astype(np.float64)
-    _run(lambda x: F.multilabel_soft_margin_loss(x, ember.from_numpy(tgt)), lambda x: TF.multilabel_soft_margin_loss(x, torch.from_numpy(tgt)), [u], [])
+    _run(
+        lambda x: F.multilabel_soft_margin_loss(x, ember.from_numpy(tgt)),
+        lambda x: TF.multilabel_soft_margin_loss(x, torch.from_numpy(tgt)),
+        [u],
+        [],
+    )
 
 
 def test_loss_modules():
@@ -269,17 +325,29 @@ def test_loss_modules():
     t = np.array([2, 0, 1, 2])
     w = rnd(3, low=0.5, high=1.5)
     cases = [
-        (nn.CrossEntropyLoss(weight=ember.from_numpy(w), label_smoothing=0.1), torch.nn.CrossEntropyLoss(weight=torch.from_numpy(w), label_smoothing=0.1), "int"),
-        (nn.CrossEntropyLoss(ignore_index=0, reduction="sum"), torch.nn.CrossEntropyLoss(ignore_index=0, reduction="sum"), "int"),
+        (
+            nn.CrossEntropyLoss(weight=ember.from_numpy(w), label_smoothing=0.1),
+            torch.nn.CrossEntropyLoss(weight=torch.from_numpy(w), label_smoothing=0.1),
+            "int",
+        ),
+        (
+            nn.CrossEntropyLoss(ignore_index=0, reduction="sum"),
+            torch.nn.CrossEntropyLoss(ignore_index=0, reduction="sum"),
+            "int",
+        ),
         (nn.NLLLoss(), torch.nn.NLLLoss(), "int"),
         (nn.MSELoss(), torch.nn.MSELoss(), "float"),
         (nn.L1Loss(reduction="none"), torch.nn.L1Loss(reduction="none"), "float"),
         (nn.SmoothL1Loss(beta=0.5), torch.nn.SmoothL1Loss(beta=0.5), "float"),
         (nn.HuberLoss(delta=0.5), torch.nn.HuberLoss(delta=0.5), "float"),
-        (nn.BCEWithLogitsLoss(pos_weight=ember.from_numpy(w)), torch.nn.BCEWithLogitsLoss(pos_weight=torch.from_numpy(w)), "prob"),
+        (
+            nn.BCEWithLogitsLoss(pos_weight=ember.from_numpy(w)),
+            torch.nn.BCEWithLogitsLoss(pos_weight=torch.from_numpy(w)),
+            "prob",
+        ),
         (nn.BCELoss(), torch.nn.BCELoss(), "probin"),
         (nn.KLDivLoss(reduction="batchmean"), torch.nn.KLDivLoss(reduction="batchmean"), "prob"),
-    ]  # fmt: skip
+    ]
     y = rnd(4, 3, seed=1, low=0.05, high=0.95)
     for em, tm, kind in cases:
         assert repr(em) == repr(tm)

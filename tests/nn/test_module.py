@@ -1,4 +1,4 @@
-"""Module, Parameter, containers: registration, traversal, state_dict, modes, dtype/device, repr, hooks."""
+"""Module, Parameter, containers: registration, state_dict, modes, dtype/device, repr, hooks."""
 
 import copy
 import pickle
@@ -237,30 +237,73 @@ def test_repr_matches_torch():
     e, t = _pair()
     assert repr(e) == repr(t)
     e2 = nn.Sequential(
-        nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True),
         nn.ModuleList([nn.Linear(4, 4) for _ in range(3)] + [nn.GELU(approximate="tanh")]),
         nn.Conv1d(2, 4, 3, dilation=2, groups=2, padding_mode="reflect", padding=2),
-        nn.MaxPool2d(2), nn.AvgPool2d(3, 1, 1), nn.AdaptiveAvgPool2d((1, 1)), nn.Upsample(scale_factor=2),
-        nn.LayerNorm(8), nn.RMSNorm([4, 8], eps=1e-6), nn.GroupNorm(2, 8), nn.Dropout(0.1), nn.Softmax(dim=-1),
-        nn.LeakyReLU(0.2), nn.ELU(), nn.Hardtanh(-2.0, 2.0), nn.ReLU6(), nn.Softplus(beta=2.0), nn.Embedding(10, 4, padding_idx=0),
-        nn.Bilinear(2, 3, 4), nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1), nn.LSTM(3, 4, 2),
-        nn.GRU(3, 4, batch_first=True, bidirectional=True), nn.MultiheadAttention(8, 2), nn.Flatten(),
-        nn.Unflatten(1, (2, 4)), nn.Identity(), nn.CrossEntropyLoss(), nn.PReLU(3), nn.Conv2d(2, 2, 3, padding="same"),
-    )  # fmt: skip
+        nn.MaxPool2d(2),
+        nn.AvgPool2d(3, 1, 1),
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Upsample(scale_factor=2),
+        nn.LayerNorm(8),
+        nn.RMSNorm([4, 8], eps=1e-6),
+        nn.GroupNorm(2, 8),
+        nn.Dropout(0.1),
+        nn.Softmax(dim=-1),
+        nn.LeakyReLU(0.2),
+        nn.ELU(),
+        nn.Hardtanh(-2.0, 2.0),
+        nn.ReLU6(),
+        nn.Softplus(beta=2.0),
+        nn.Embedding(10, 4, padding_idx=0),
+        nn.Bilinear(2, 3, 4),
+        nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1),
+        nn.LSTM(3, 4, 2),
+        nn.GRU(3, 4, batch_first=True, bidirectional=True),
+        nn.MultiheadAttention(8, 2),
+        nn.Flatten(),
+        nn.Unflatten(1, (2, 4)),
+        nn.Identity(),
+        nn.CrossEntropyLoss(),
+        nn.PReLU(3),
+        nn.Conv2d(2, 2, 3, padding="same"),
+    )
     t2 = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True),
-        torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)] + [torch.nn.GELU(approximate="tanh")]),
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(inplace=True),
+        torch.nn.ModuleList(
+            [torch.nn.Linear(4, 4) for _ in range(3)] + [torch.nn.GELU(approximate="tanh")]
+        ),
         torch.nn.Conv1d(2, 4, 3, dilation=2, groups=2, padding_mode="reflect", padding=2),
-        torch.nn.MaxPool2d(2), torch.nn.AvgPool2d(3, 1, 1), torch.nn.AdaptiveAvgPool2d((1, 1)),
-        torch.nn.Upsample(scale_factor=2), torch.nn.LayerNorm(8), torch.nn.RMSNorm([4, 8], eps=1e-6),
-        torch.nn.GroupNorm(2, 8), torch.nn.Dropout(0.1), torch.nn.Softmax(dim=-1), torch.nn.LeakyReLU(0.2),
-        torch.nn.ELU(), torch.nn.Hardtanh(-2.0, 2.0), torch.nn.ReLU6(), torch.nn.Softplus(beta=2.0),
-        torch.nn.Embedding(10, 4, padding_idx=0), torch.nn.Bilinear(2, 3, 4),
-        torch.nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1), torch.nn.LSTM(3, 4, 2),
-        torch.nn.GRU(3, 4, batch_first=True, bidirectional=True), torch.nn.MultiheadAttention(8, 2),
-        torch.nn.Flatten(), torch.nn.Unflatten(1, (2, 4)), torch.nn.Identity(), torch.nn.CrossEntropyLoss(),
-        torch.nn.PReLU(3), torch.nn.Conv2d(2, 2, 3, padding="same"),
-    )  # fmt: skip
+        torch.nn.MaxPool2d(2),
+        torch.nn.AvgPool2d(3, 1, 1),
+        torch.nn.AdaptiveAvgPool2d((1, 1)),
+        torch.nn.Upsample(scale_factor=2),
+        torch.nn.LayerNorm(8),
+        torch.nn.RMSNorm([4, 8], eps=1e-6),
+        torch.nn.GroupNorm(2, 8),
+        torch.nn.Dropout(0.1),
+        torch.nn.Softmax(dim=-1),
+        torch.nn.LeakyReLU(0.2),
+        torch.nn.ELU(),
+        torch.nn.Hardtanh(-2.0, 2.0),
+        torch.nn.ReLU6(),
+        torch.nn.Softplus(beta=2.0),
+        torch.nn.Embedding(10, 4, padding_idx=0),
+        torch.nn.Bilinear(2, 3, 4),
+        torch.nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1),
+        torch.nn.LSTM(3, 4, 2),
+        torch.nn.GRU(3, 4, batch_first=True, bidirectional=True),
+        torch.nn.MultiheadAttention(8, 2),
+        torch.nn.Flatten(),
+        torch.nn.Unflatten(1, (2, 4)),
+        torch.nn.Identity(),
+        torch.nn.CrossEntropyLoss(),
+        torch.nn.PReLU(3),
+        torch.nn.Conv2d(2, 2, 3, padding="same"),
+    )
     assert repr(e2) == repr(t2)
     assert list(e2.state_dict()) == list(t2.state_dict())
     enc_e = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16), 2)

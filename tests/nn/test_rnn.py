@@ -13,7 +13,9 @@ F64 = ember.float64
 
 
 def _pair(name, *args, **kwargs):
-    return getattr(nn, name)(*args, **kwargs).double(), getattr(torch.nn, name)(*args, **kwargs).double()
+    return getattr(nn, name)(*args, **kwargs).double(), getattr(torch.nn, name)(
+        *args, **kwargs
+    ).double()
 
 
 @pytest.mark.parametrize("name", ["LSTM", "GRU", "RNN"])
@@ -79,7 +81,9 @@ def test_rnn_relu_and_dropout():
 
 def test_float32_lstm_and_errors():
     e, t = nn.LSTM(4, 6, batch_first=True), torch.nn.LSTM(4, 6, batch_first=True)
-    check_module(e, t, [rnd(3, 7, 4, dtype=ember.float32)], dtype=ember.float32, atol=1e-5, rtol=1e-4)
+    check_module(
+        e, t, [rnd(3, 7, 4, dtype=ember.float32)], dtype=ember.float32, atol=1e-5, rtol=1e-4
+    )
     with pytest.raises(ember.errors.ShapeError):
         e(ember.randn(3, 7, 5))
     with pytest.raises(ember.errors.ShapeError):

@@ -64,7 +64,8 @@ class Sequential(Module):
     def __add__(self, other: Sequential) -> Sequential:
         if not isinstance(other, Sequential):
             raise ValueError(
-                f"add operator supports only objects of Sequential class, but {type(other)} is given."
+                "add operator supports only objects of Sequential class, but "
+                f"{type(other)} is given."
             )
         return Sequential(*self, *other)
 
@@ -253,7 +254,8 @@ class ModuleDict(Module):
             else:
                 if len(kv) != 2:
                     raise ValueError(
-                        f"ModuleDict update sequence element #{j} has length {len(kv)}; 2 is required"
+                        f"ModuleDict update sequence element #{j} has length {len(kv)}; "
+                        "2 is required"
                     )
                 k, v = kv
             self[k] = v

@@ -9,128 +9,22 @@ plain attribute hit; ``__getattr__`` is only the fallback. ``__call__`` goes str
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, namedtuple
-from collections.abc import Callable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from ember import dtypes as _dt
 from ember.autograd import no_grad
 from ember.device import Device, as_device
-from ember.errors import DTypeError, EmberError, UnsupportedError
+from ember.errors import DTypeError, UnsupportedError
+from ember.nn._registry import _Registry
+from ember.nn.hooks import RemovableHandle, _global_forward_hooks, _global_forward_pre_hooks
 from ember.nn.parameter import Buffer, Parameter
+from ember.nn.state_dict import StateDictMixin
 from ember.tensor import Tensor
 
-_EXTRA_STATE_KEY_SUFFIX = "_extra_state"
-
-
-class StateDictError(EmberError, RuntimeError):
-    """load_state_dict found missing, unexpected or mis-shaped keys (lists all of them)."""
-
-
-class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
-    """What load_state_dict returns: (missing_keys, unexpected_keys)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        if not self.missing_keys and not self.unexpected_keys:
-            return "<All keys matched successfully>"
-        return super().__repr__()
-
-    __str__ = __repr__
-
-
-class _Registry(dict):
-    """A name -> value dict that mirrors every write into its module's ``__dict__``."""
-
-    __slots__ = ("_mirror",)
-
-    def __init__(self, mirror: dict, items=()) -> None:
-        super().__init__()
-        self._mirror = mirror
-        for k, v in items:
-            self[k] = v
-
-    def __setitem__(self, key, value) -> None:
-        dict.__setitem__(self, key, value)
-        self._mirror[key] = value
-
-    def __delitem__(self, key) -> None:
-        dict.__delitem__(self, key)
-        self._mirror.pop(key, None)
-
-    def pop(self, key, *default):
-        """Remove key (and its mirror) and return its value."""
-        if key in self:
-            self._mirror.pop(key, None)
-        return dict.pop(self, key, *default)
-
-    def popitem(self):
-        """Remove the last item (and its mirror)."""
-        k, v = dict.popitem(self)
-        self._mirror.pop(k, None)
-        return k, v
-
-    def setdefault(self, key, default=None):
-        """Insert key with default if absent; return its value."""
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    def update(self, *args, **kwargs) -> None:
-        """Insert many items, mirroring each."""
-        for k, v in dict(*args, **kwargs).items():
-            self[k] = v
-
-    def clear(self) -> None:
-        """Remove every item and its mirror."""
-        for k in list(self):
-            self._mirror.pop(k, None)
-        dict.clear(self)
-
-    def __reduce__(self):
-        return (dict, (dict(self),))
-
-
-class RemovableHandle:
-    """Returned by register_*_hook: ``.remove()`` unregisters the hook (also a context manager)."""
-
-    _next_id = 0
-
-    def __init__(self, *dicts: dict) -> None:
-        self.id = RemovableHandle._next_id
-        RemovableHandle._next_id += 1
-        self._dicts = dicts
-
-    def remove(self) -> None:
-        """Unregister the hook; calling it twice is harmless."""
-        for d in self._dicts:
-            d.pop(self.id, None)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
-
-
-_global_forward_pre_hooks: dict = OrderedDict()
-_global_forward_hooks: dict = OrderedDict()
-
-
-def register_module_forward_pre_hook(hook: Callable) -> RemovableHandle:
-    """Run hook(module, args) before every module's forward (torch's global hook)."""
-    h = RemovableHandle(_global_forward_pre_hooks)
-    _global_forward_pre_hooks[h.id] = hook
-    return h
-
-
-def register_module_forward_hook(hook: Callable) -> RemovableHandle:
-    """Run hook(module, args, output) after every module's forward (torch's global hook)."""
-    h = RemovableHandle(_global_forward_hooks)
-    _global_forward_hooks[h.id] = hook
-    return h
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
 
 
 def _addindent(s: str, num_spaces: int) -> str:
@@ -142,19 +36,7 @@ def _addindent(s: str, num_spaces: int) -> str:
     return first + "\n" + "\n".join(lines)
 
 
-def _as_tensor(value):
-    """A state_dict value as an ember Tensor (numpy arrays are wrapped), or None."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return Tensor._wrap(value)
-    return None
-
-
-_REGISTRIES = ("_parameters", "_buffers", "_modules")
-
-
-class Module:
+class Module(StateDictMixin):
     """Base class of all layers and models (torch.nn.Module)."""
 
     training: bool
@@ -204,7 +86,8 @@ class Module:
                 if res is not None:
                     if not (isinstance(res, tuple) and len(res) == 2):
                         raise TypeError(
-                            f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), got {res}."
+                            "forward pre-hook must return None or a tuple of "
+                            f"(new_args, new_kwargs), got {res}."
                         )
                     args, kwargs = res
             else:
@@ -239,7 +122,7 @@ class Module:
     def register_forward_pre_hook(
         self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False
     ) -> RemovableHandle:
-        """Call hook(module, args) (or hook(module, args, kwargs)) before forward; may replace args."""
+        """Call hook(module, args) (with_kwargs: also kwargs) before forward; may replace args."""
         h = RemovableHandle(self._forward_pre_hooks, self._forward_pre_hooks_with_kwargs)
         self._forward_pre_hooks[h.id] = hook
         if with_kwargs:
@@ -278,7 +161,7 @@ class Module:
     register_backward_hook = register_full_backward_hook
 
     def register_load_state_dict_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """Call hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors)."""
+        """Call hook(module, state_dict, prefix, metadata, strict, missing, unexpected, errors)."""
         h = RemovableHandle(self._load_state_dict_pre_hooks)
         self._load_state_dict_pre_hooks[h.id] = hook
         return h
@@ -403,8 +286,10 @@ class Module:
                 )
             if param.grad_fn is not None:
                 raise ValueError(
-                    f"Cannot assign non-leaf Tensor to parameter '{name}'. Model parameters must be "
-                    "created explicitly; to express '{name}' as a function of another Tensor, compute "
+                    f"Cannot assign non-leaf Tensor to parameter '{name}'. Model "
+                    "parameters must be "
+                    f"created explicitly; to express '{name}' as a function of another "
+                    "Tensor, compute "
                     "the value in the forward() method."
                 )
         self._parameters[name] = param
@@ -415,7 +300,8 @@ class Module:
         self._check_name(name, "buffer", "_buffers")
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(
-                f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (ember.Tensor or None required)"
+                f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' "
+                "(ember.Tensor or None required)"
             )
         if isinstance(tensor, Buffer):
             tensor = Tensor._wrap(tensor._data, tensor._device)
@@ -462,18 +348,6 @@ class Module:
         if name not in mod._buffers:
             raise AttributeError(f"{mod._get_name()} has no buffer `{name}`")
         return mod._buffers[name]
-
-    def get_extra_state(self):
-        """Extra (non-tensor) state to put in state_dict; define with set_extra_state."""
-        raise RuntimeError(
-            "Reached a code path in Module.get_extra_state() that should never be called."
-        )
-
-    def set_extra_state(self, state) -> None:
-        """Restore what get_extra_state returned."""
-        raise RuntimeError(
-            "Reached a code path in Module.set_extra_state() that should never be called."
-        )
 
     # ------------------------------------------------------------------ traversal
     def _named_members(
@@ -615,7 +489,7 @@ class Module:
         return self
 
     def to(self, *args, **kwargs) -> Module:
-        """Move to a device and/or cast floating-point parameters and buffers to a dtype, in place."""
+        """Move to a device and/or cast floating parameters and buffers to a dtype, in place."""
         device = kwargs.pop("device", None)
         dtype = kwargs.pop("dtype", None)
         kwargs.pop("non_blocking", None)
@@ -691,170 +565,6 @@ class Module:
     def share_memory(self) -> Module:
         """No-op (ember tensors already live in process memory); returns self."""
         return self
-
-    # ------------------------------------------------------------------ state dict
-    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        for name, p in self._parameters.items():
-            if p is not None:
-                destination[prefix + name] = p if keep_vars else p.detach()
-        for name, b in self._buffers.items():
-            if b is not None and name not in self._non_persistent_buffers_set:
-                destination[prefix + name] = b if keep_vars else b.detach()
-        if type(self).get_extra_state is not Module.get_extra_state:
-            destination[prefix + _EXTRA_STATE_KEY_SUFFIX] = self.get_extra_state()
-
-    def state_dict(
-        self, *, destination: dict | None = None, prefix: str = "", keep_vars: bool = False
-    ) -> dict:
-        """An ordered name -> tensor map of parameters and persistent buffers (torch's keys)."""
-        if destination is None:
-            destination = OrderedDict()
-        self._save_to_state_dict(destination, prefix, keep_vars)
-        for name, m in self._modules.items():
-            if m is not None:
-                m.state_dict(
-                    destination=destination, prefix=prefix + name + ".", keep_vars=keep_vars
-                )
-        return destination
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict,
-        prefix: str,
-        local_metadata: dict,
-        strict: bool,
-        missing_keys: list,
-        unexpected_keys: list,
-        error_msgs: list,
-    ) -> None:
-        for hook in self._load_state_dict_pre_hooks.values():
-            hook(
-                self,
-                state_dict,
-                prefix,
-                local_metadata,
-                strict,
-                missing_keys,
-                unexpected_keys,
-                error_msgs,
-            )
-        persistent = {
-            k: v for k, v in self._buffers.items() if k not in self._non_persistent_buffers_set
-        }
-        local_state = {
-            k: v
-            for k, v in itertools.chain(self._parameters.items(), persistent.items())
-            if v is not None
-        }
-        assign = local_metadata.get("assign_to_params_buffers", False)
-        for name, param in local_state.items():
-            key = prefix + name
-            if key not in state_dict:
-                if strict:
-                    missing_keys.append(key)
-                continue
-            value = state_dict[key]
-            src = _as_tensor(value)
-            if src is None and not (assign and hasattr(value, "shape")):
-                error_msgs.append(
-                    f'While copying the parameter named "{key}", expected ember.Tensor or a numpy array '
-                    f"from checkpoint but received {type(value)}"
-                )
-                continue
-            src = value if src is None else src
-            if len(param.shape) == 0 and tuple(src.shape) == (1,):
-                src = src.reshape(())
-            if tuple(src.shape) != tuple(param.shape):
-                error_msgs.append(
-                    f"size mismatch for {key}: copying a param with shape {tuple(src.shape)} from checkpoint, "
-                    f"the shape in current model is {tuple(param.shape)}."
-                )
-                continue
-            try:
-                with no_grad():
-                    if assign:
-                        if isinstance(param, Parameter) and not isinstance(src, Parameter):
-                            src = Parameter(src, requires_grad=param.requires_grad)
-                        setattr(self, name, src)
-                    else:
-                        param.copy_(src)
-            except Exception as ex:  # noqa: BLE001 - reported with the key, as torch does
-                error_msgs.append(
-                    f'While copying the parameter named "{key}", whose dimensions in the model are '
-                    f"{tuple(param.shape)} and whose dimensions in the checkpoint are {tuple(src.shape)}, "
-                    f"an exception occurred : {ex.args}."
-                )
-        extra_key = prefix + _EXTRA_STATE_KEY_SUFFIX
-        if type(self).set_extra_state is not Module.set_extra_state:
-            if extra_key in state_dict:
-                self.set_extra_state(state_dict[extra_key])
-            elif strict:
-                missing_keys.append(extra_key)
-        elif strict and extra_key in state_dict:
-            unexpected_keys.append(extra_key)
-        if strict:
-            for key in state_dict:
-                if key.startswith(prefix) and key != extra_key:
-                    head = key[len(prefix) :].split(".", 1)
-                    if len(head) > 1:
-                        if head[0] not in self._modules:
-                            unexpected_keys.append(key)
-                    elif head[0] not in local_state:
-                        unexpected_keys.append(key)
-
-    def load_state_dict(
-        self, state_dict: Mapping, strict: bool = True, assign: bool = False
-    ) -> _IncompatibleKeys:
-        """Copy tensors from state_dict into parameters and buffers; returns (missing, unexpected).
-
-        strict=True raises StateDictError listing every missing, unexpected and mis-shaped key;
-        mis-shaped keys raise even when strict=False (as torch). assign=True adopts the given
-        tensors instead of copying (keeps memory-mapped weights mapped).
-        """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
-        missing: list[str] = []
-        unexpected: list[str] = []
-        errors: list[str] = []
-        metadata = getattr(state_dict, "_metadata", None)
-        state_dict = OrderedDict(state_dict)
-
-        def load(module: Module, local: dict, prefix: str = "") -> None:
-            meta = {} if metadata is None else dict(metadata.get(prefix[:-1], {}))
-            if assign:
-                meta["assign_to_params_buffers"] = True
-            module._load_from_state_dict(local, prefix, meta, True, missing, unexpected, errors)
-            for name, child in module._modules.items():
-                if child is not None:
-                    cp = prefix + name + "."
-                    load(child, {k: v for k, v in local.items() if k.startswith(cp)}, cp)
-            keys = _IncompatibleKeys(missing, unexpected)
-            for hook in module._load_state_dict_post_hooks.values():
-                hook(module, keys)
-
-        load(self, state_dict)
-        if strict:
-            if unexpected:
-                errors.insert(
-                    0,
-                    "Unexpected key(s) in state_dict: {}. ".format(
-                        ", ".join(f'"{k}"' for k in unexpected)
-                    ),
-                )
-            if missing:
-                errors.insert(
-                    0,
-                    "Missing key(s) in state_dict: {}. ".format(
-                        ", ".join(f'"{k}"' for k in missing)
-                    ),
-                )
-        if errors:
-            raise StateDictError(
-                "Error(s) in loading state_dict for {}:\n\t{}".format(
-                    type(self).__name__, "\n\t".join(errors)
-                )
-            )
-        return _IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------ repr
     def _get_name(self) -> str:

@@ -32,8 +32,10 @@ def get_total_norm(
         total = sum(float((np.abs(a) ** norm_type).sum()) for a in arrays) ** (1.0 / norm_type)
     if error_if_nonfinite and not math.isfinite(total):
         raise EmberError(
-            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
-            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            f"The total norm of order {norm_type} for gradients from `parameters` is "
+            "non-finite, so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite "
+            "norm anyway, set "
             "`error_if_nonfinite=False`"
         )
     dt = tensors[0]._data.dtype if tensors else np.float32
@@ -47,7 +49,7 @@ def clip_grad_norm_(
     error_if_nonfinite: bool = False,
     foreach=None,
 ) -> Tensor:
-    """Scale all gradients in place so their joint norm is at most max_norm; returns the norm before."""
+    """Scale gradients in place so their joint norm is <= max_norm; returns the norm before."""
     grads = _grads(parameters)
     total = get_total_norm(grads, norm_type, error_if_nonfinite)
     if not grads:

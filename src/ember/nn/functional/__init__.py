@@ -1,4 +1,4 @@
-"""ember.nn.functional (import as F): torch.nn.functional's names over ember ops and fused Functions."""
+"""ember.nn.functional (import as F): torch.nn.functional over ember ops and fused Functions."""
 
 from ember.nn.functional import _dropout, activation, attention, layers, loss, norm
 from ember.nn.functional._dropout import *  # noqa: F403
@@ -9,6 +9,10 @@ from ember.nn.functional.loss import *  # noqa: F403
 from ember.nn.functional.norm import *  # noqa: F403
 
 __all__ = [
-    *_dropout.__all__, *activation.__all__, *attention.__all__, *layers.__all__, *loss.__all__,
+    *_dropout.__all__,
+    *activation.__all__,
+    *attention.__all__,
+    *layers.__all__,
+    *loss.__all__,
     *norm.__all__,
-]  # fmt: skip
+]

@@ -162,7 +162,8 @@ def scaled_dot_product_attention(
     E = query.shape[-1]
     if key.shape[-1] != E:
         raise ShapeError(
-            f"scaled_dot_product_attention: query (..., L, {E}) and key of shape {tuple(key.shape)} "
+            f"scaled_dot_product_attention: query (..., L, {E}) and key of shape "
+            f"{tuple(key.shape)} "
             "differ in the embedding dim"
         )
     if key.shape[-2] != value.shape[-2]:
@@ -238,7 +239,7 @@ def multi_head_attention_forward(
     average_attn_weights: bool = True,
     is_causal: bool = False,
 ) -> tuple:
-    """torch's multi-head attention on (L, N, E) inputs (or unbatched (L, E)); returns (out, weights)."""
+    """torch's multi-head attention on (L, N, E) or unbatched (L, E) inputs: (out, weights)."""
     from ember.nn.functional._dropout import dropout
     from ember.ops import creation, linalg, movement, reduce
 
@@ -285,13 +286,15 @@ def multi_head_attention_forward(
         if attn_mask.ndim == 2:
             if tuple(attn_mask.shape) != (L, S):
                 raise ShapeError(
-                    f"The shape of the 2D attn_mask is {tuple(attn_mask.shape)}, but should be {(L, S)}."
+                    f"The shape of the 2D attn_mask is {tuple(attn_mask.shape)}, but "
+                    f"should be {(L, S)}."
                 )
             attn_mask = attn_mask.unsqueeze(0)
         elif attn_mask.ndim == 3:
             if tuple(attn_mask.shape) != (N * H, L, S):
                 raise ShapeError(
-                    f"The shape of the 3D attn_mask is {tuple(attn_mask.shape)}, but should be {(N * H, L, S)}."
+                    f"The shape of the 3D attn_mask is {tuple(attn_mask.shape)}, but "
+                    f"should be {(N * H, L, S)}."
                 )
         else:
             raise ShapeError(f"attn_mask's dimension {attn_mask.ndim} is not supported")
@@ -319,7 +322,8 @@ def multi_head_attention_forward(
     if key_padding_mask is not None:
         if tuple(key_padding_mask.shape) != (N, S):
             raise ShapeError(
-                f"expecting key_padding_mask shape of {(N, S)}, but got {tuple(key_padding_mask.shape)}"
+                f"expecting key_padding_mask shape of {(N, S)}, but got "
+                f"{tuple(key_padding_mask.shape)}"
             )
         kpm = key_padding_mask.reshape(N, 1, 1, S).expand(N, H, 1, S).reshape(N * H, 1, S)
         attn_mask = kpm if attn_mask is None else attn_mask + kpm

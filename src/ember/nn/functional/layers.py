@@ -25,11 +25,30 @@ from ember.ops.pool import (
     pixel_unshuffle,
     unfold,
     upsample,
-)  # fmt: skip
+)
 
 __all__ = [
-    "linear", "bilinear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "max_pool1d",
-    "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "adaptive_max_pool1d", "adaptive_max_pool2d", "interpolate", "upsample", "pad", "embedding",
-    "one_hot", "pixel_shuffle", "pixel_unshuffle", "unfold", "fold",
-]  # fmt: skip
+    "linear",
+    "bilinear",
+    "conv1d",
+    "conv2d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "max_pool1d",
+    "max_pool2d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "interpolate",
+    "upsample",
+    "pad",
+    "embedding",
+    "one_hot",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "unfold",
+    "fold",
+]

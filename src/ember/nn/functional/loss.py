@@ -132,7 +132,8 @@ def _check_ce_shapes(input: Tensor, target: Tensor, name: str) -> bool:
     if tuple(target.shape) != want:
         kind = "class probabilities" if probs else "class indices"
         raise ShapeError(
-            f"{name}: target of shape {tuple(target.shape)} does not fit input of shape {tuple(input.shape)} "
+            f"{name}: target of shape {tuple(target.shape)} does not fit input of shape "
+            f"{tuple(input.shape)} "
             f"(expected {want} for {kind})"
         )
     return not probs
@@ -216,7 +217,7 @@ def nll_loss(
     reduce=None,
     reduction: str = "mean",
 ) -> Tensor:
-    """Negative log-likelihood of log-probabilities (C,), (N, C) or (N, C, d1, ...) at class indices."""
+    """Negative log-likelihood of log-probabilities (C,), (N, C), (N, C, d1, ...) at targets."""
     reduction = check_reduction(legacy_reduction(size_average, reduce, reduction))
     if target.is_floating_point():
         raise DTypeError(
@@ -243,7 +244,8 @@ def _pair(input: Tensor, target, name: str) -> tuple:
             np.broadcast_shapes(tuple(input.shape), tuple(target.shape))
         except ValueError:
             raise ShapeError(
-                f"{name}: input of shape {tuple(input.shape)} and target of shape {tuple(target.shape)} "
+                f"{name}: input of shape {tuple(input.shape)} and target of shape "
+                f"{tuple(target.shape)} "
                 "do not broadcast"
             ) from None
     return input, target
@@ -330,7 +332,8 @@ def binary_cross_entropy(
     reduction = legacy_reduction(size_average, reduce, reduction)
     if tuple(target.shape) != tuple(input.shape):
         raise ShapeError(
-            f"binary_cross_entropy: target size {tuple(target.shape)} must be the same as input size "
+            f"binary_cross_entropy: target size {tuple(target.shape)} must be the same "
+            "as input size "
             f"{tuple(input.shape)}"
         )
     lx = _E.clamp(_E.log(input), min=-100)
@@ -354,7 +357,8 @@ def binary_cross_entropy_with_logits(
     reduction = legacy_reduction(size_average, reduce, reduction)
     if tuple(target.shape) != tuple(input.shape):
         raise ShapeError(
-            f"binary_cross_entropy_with_logits: target size {tuple(target.shape)} must be the same as "
+            f"binary_cross_entropy_with_logits: target size {tuple(target.shape)} must "
+            "be the same as "
             f"input size {tuple(input.shape)}"
         )
     sp = _E.softplus(-input)
@@ -382,7 +386,7 @@ def kl_div(
     reduction: str = "mean",
     log_target: bool = False,
 ) -> Tensor:
-    """KL(target || exp(input)) pointwise: input holds log-probabilities; 'batchmean' divides by N."""
+    """Pointwise KL(target || exp(input)) of log-probabilities; 'batchmean' divides by N."""
     reduction = legacy_reduction(size_average, reduce, reduction)
     if log_target:
         loss = _E.exp(target) * (target - input)
@@ -526,9 +530,23 @@ def multilabel_soft_margin_loss(
 
 
 __all__ = [
-    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss",
-    "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
-    "cosine_similarity", "pairwise_distance", "cosine_embedding_loss", "triplet_margin_loss",
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "margin_ranking_loss",
+    "hinge_embedding_loss",
+    "soft_margin_loss",
+    "cosine_similarity",
+    "pairwise_distance",
+    "cosine_embedding_loss",
+    "triplet_margin_loss",
     "multilabel_soft_margin_loss",
-]  # fmt: skip
+]

@@ -103,7 +103,8 @@ def layer_norm(
     n = len(ns)
     if tuple(input.shape[input.ndim - n :]) != ns or input.ndim < n:
         raise ShapeError(
-            f"layer_norm: expected input with shape [*, {', '.join(map(str, ns))}], got {tuple(input.shape)}"
+            f"layer_norm: expected input with shape [*, {', '.join(map(str, ns))}], got "
+            f"{tuple(input.shape)}"
         )
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != ns:
@@ -156,12 +157,13 @@ def _finfo_eps(dt: np.dtype) -> float:
 def rms_norm(
     input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None
 ) -> Tensor:
-    """Root-mean-square norm over the trailing dims (eps=None: machine epsilon of the compute type)."""
+    """Root-mean-square norm over the trailing dims (eps=None: the compute type's epsilon)."""
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     n = len(ns)
     if input.ndim < n or tuple(input.shape[input.ndim - n :]) != ns:
         raise ShapeError(
-            f"rms_norm: expected input with shape [*, {', '.join(map(str, ns))}], got {tuple(input.shape)}"
+            f"rms_norm: expected input with shape [*, {', '.join(map(str, ns))}], got "
+            f"{tuple(input.shape)}"
         )
     if weight is not None and tuple(weight.shape) != ns:
         raise ShapeError(
@@ -187,7 +189,8 @@ def group_norm(
     N, C = input.shape[0], input.shape[1]
     if C % num_groups:
         raise ShapeError(
-            f"group_norm: expected number of channels {C} to be divisible by num_groups {num_groups}"
+            f"group_norm: expected number of channels {C} to be divisible by num_groups "
+            f"{num_groups}"
         )
     ts, hw, hb = _affine_args(weight, bias)
     pshape = (1, C) + (1,) * (input.ndim - 2)
@@ -221,7 +224,8 @@ def batch_norm(
         count = input.numel() // max(C, 1)
         if count <= 1:
             raise ShapeError(
-                f"Expected more than 1 value per channel when training, got input size {tuple(input.shape)}"
+                "Expected more than 1 value per channel when training, got input size "
+                f"{tuple(input.shape)}"
             )
         sink: dict = {}
         out = _Norm.apply(

@@ -170,7 +170,7 @@ class GRULayer(Function):
 
 
 class RNNLayer(Function):
-    """One Elman RNN layer-direction (tanh or relu): x (T, N, I), h0 (N, H), w_ih, w_hh[, biases]."""
+    """One Elman RNN layer-direction (tanh or relu): x (T, N, I), h0 (N, H), weights."""
 
     def meta(self, x, h0, w_ih, w_hh, *b, reverse, relu):
         return (x.shape[0] + 1,) + h0.shape, np.result_type(x.dtype, w_ih.dtype)

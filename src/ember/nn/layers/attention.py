@@ -11,7 +11,7 @@ from ember.tensor import Tensor
 
 
 class MultiheadAttention(Module):
-    """Multi-head attention (torch.nn.MultiheadAttention): packed q/k/v projection, output projection.
+    """Multi-head attention (torch.nn.MultiheadAttention): packed q/k/v and output projections.
 
     Inputs are (L, N, E) or, with batch_first, (N, L, E); unbatched (L, E) works too. Bool masks
     mark positions that may NOT be attended (True = masked), float masks are added to the scores.
@@ -33,7 +33,8 @@ class MultiheadAttention(Module):
     ) -> None:
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(
-                f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and num_heads={num_heads} instead"
+                "embed_dim and num_heads must be greater than 0, got "
+                f"embed_dim={embed_dim} and num_heads={num_heads} instead"
             )
         super().__init__()
         self.embed_dim = embed_dim

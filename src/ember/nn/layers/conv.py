@@ -51,7 +51,8 @@ class _ConvNd(Module):
                 raise ValueError("padding='same' is not supported for strided convolutions")
         if padding_mode not in _PADDING_MODES:
             raise ValueError(
-                f"padding_mode must be one of {list(_PADDING_MODES)}, but got padding_mode='{padding_mode}'"
+                f"padding_mode must be one of {list(_PADDING_MODES)}, but got "
+                f"padding_mode='{padding_mode}'"
             )
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -85,7 +86,7 @@ class _ConvNd(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """kaiming_uniform_(a=sqrt(5)) for the weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias."""
+        """Weight: kaiming_uniform_(a=sqrt(5)); bias: U(+-1/sqrt(fan_in))."""
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
@@ -137,9 +138,20 @@ class _Conv(_ConvNd):
     ) -> None:
         nd = self._nd
         super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, False, ntuple(0, nd), groups,
-            bias, padding_mode, device, dtype,
-        )  # fmt: skip
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            False,
+            ntuple(0, nd),
+            groups,
+            bias,
+            padding_mode,
+            device,
+            dtype,
+        )
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         fn = F.conv1d if self._nd == 1 else F.conv2d
@@ -186,9 +198,20 @@ class _ConvTransposeNd(_ConvNd):
         if padding_mode != "zeros":
             raise ValueError(f'Only "zeros" padding mode is supported for {type(self).__name__}')
         super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, True, output_padding, groups,
-            bias, padding_mode, device, dtype,
-        )  # fmt: skip
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            True,
+            output_padding,
+            groups,
+            bias,
+            padding_mode,
+            device,
+            dtype,
+        )
 
     def _output_padding(self, input: Tensor, output_size) -> tuple:
         if output_size is None:
@@ -207,7 +230,8 @@ class _ConvTransposeNd(_ConvNd):
             max_size = min_size + self.stride[d] - 1
             if not min_size <= output_size[d] <= max_size:
                 raise ValueError(
-                    f"requested an output size of {output_size}, but valid sizes range from {min_size} to "
+                    f"requested an output size of {output_size}, but valid sizes range "
+                    f"from {min_size} to "
                     f"{max_size} (for an input of {spatial})"
                 )
             op.append(output_size[d] - min_size)

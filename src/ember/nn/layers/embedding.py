@@ -101,7 +101,7 @@ class Embedding(Module):
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
     ) -> Embedding:
-        """An Embedding holding the given 2-D table (frozen unless freeze=False); shares its memory."""
+        """An Embedding over the given 2-D table (frozen unless freeze=False), sharing memory."""
         if embeddings.ndim != 2:
             raise ShapeError("Embeddings parameter is expected to be 2-dimensional")
         rows, cols = embeddings.shape

@@ -39,7 +39,7 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """kaiming_uniform_(a=sqrt(5)) for the weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias."""
+        """Weight: kaiming_uniform_(a=sqrt(5)); bias: U(+-1/sqrt(fan_in))."""
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
@@ -52,7 +52,8 @@ class Linear(Module):
 
     def extra_repr(self) -> str:
         """in_features, out_features, bias."""
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        b = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={b}"
 
 
 class NonDynamicallyQuantizableLinear(Linear):

@@ -45,9 +45,13 @@ class CrossEntropyLoss(_WeightedLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """cross_entropy(input, target)."""
         return F.cross_entropy(
-            input, target, weight=self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+            input,
+            target,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
             label_smoothing=self.label_smoothing,
-        )  # fmt: skip
+        )
 
 
 class NLLLoss(_WeightedLoss):
@@ -197,18 +201,30 @@ class TripletMarginLoss(_Loss):
     """max(d(a, p) - d(a, n) + margin, 0)."""
 
     def __init__(
-        self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False, size_average=None, reduce=None,
+        self,
+        margin: float = 1.0,
+        p: float = 2.0,
+        eps: float = 1e-6,
+        swap: bool = False,
+        size_average=None,
+        reduce=None,
         reduction: str = "mean",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(size_average, reduce, reduction)
         self.margin, self.p, self.eps, self.swap = margin, p, eps, swap
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         """triplet_margin_loss(anchor, positive, negative)."""
         return F.triplet_margin_loss(
-            anchor, positive, negative, margin=self.margin, p=self.p, eps=self.eps, swap=self.swap,
+            anchor,
+            positive,
+            negative,
+            margin=self.margin,
+            p=self.p,
+            eps=self.eps,
+            swap=self.swap,
             reduction=self.reduction,
-        )  # fmt: skip
+        )
 
 
 class CosineSimilarity(Module):

@@ -112,7 +112,7 @@ class _BatchNorm(_NormBase):
     """Forward of the batch norm layers."""
 
     def forward(self, input: Tensor) -> Tensor:
-        """Normalise with batch statistics in training (updating running ones), running ones in eval."""
+        """Normalise with batch stats in training (updating the running ones), running in eval."""
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -260,7 +260,8 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         """torch's summary line."""
         return (
-            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+            f"{self.normalized_shape}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}, "
             f"bias={self.bias is not None}"
         )
 

@@ -119,9 +119,14 @@ class AvgPool2d(Module):
     def forward(self, input: Tensor) -> Tensor:
         """Mean over each window."""
         return F.avg_pool2d(
-            input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.ceil_mode,
+            self.count_include_pad,
             self.divisor_override,
-        )  # fmt: skip
+        )
 
     def extra_repr(self) -> str:
         """kernel_size, stride, padding."""
@@ -205,9 +210,13 @@ class Upsample(Module):
     def forward(self, input: Tensor) -> Tensor:
         """interpolate(input)."""
         return F.interpolate(
-            input, self.size, self.scale_factor, self.mode, self.align_corners,
+            input,
+            self.size,
+            self.scale_factor,
+            self.mode,
+            self.align_corners,
             recompute_scale_factor=self.recompute_scale_factor,
-        )  # fmt: skip
+        )
 
     def extra_repr(self) -> str:
         """scale_factor or size, and mode."""

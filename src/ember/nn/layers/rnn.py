@@ -46,7 +46,8 @@ class RNNBase(Module):
         super().__init__()
         if not 0 <= dropout <= 1 or isinstance(dropout, bool):
             raise ValueError(
-                "dropout should be a number in range [0, 1] representing the probability of an element being zeroed"
+                "dropout should be a number in range [0, 1] representing the "
+                "probability of an element being zeroed"
             )
         if proj_size:
             raise UnsupportedError("LSTM proj_size > 0 is not supported by ember yet")
@@ -110,7 +111,7 @@ class RNNBase(Module):
         return s
 
     def _run(self, x: Tensor, states: list) -> tuple:
-        """x: (T, N, I); states: per state kind, a (L*D, N, H) tensor. Returns (out, final states)."""
+        """x (T, N, I), states [(L*D, N, H) per kind] -> (output, final states)."""
         from ember.ops import movement
 
         dirs = 2 if self.bidirectional else 1
@@ -152,7 +153,8 @@ class RNNBase(Module):
             x = x.transpose(0, 1)
         if x.shape[-1] != self.input_size:
             raise ShapeError(
-                f"{type(self).__name__}: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                f"{type(self).__name__}: input.size(-1) must be equal to input_size. "
+                f"Expected {self.input_size}, "
                 f"got {x.shape[-1]}"
             )
         dirs = 2 if self.bidirectional else 1
@@ -163,14 +165,16 @@ class RNNBase(Module):
             hs = list(hx) if isinstance(hx, (tuple, list)) else [hx]
             if len(hs) != n_states:
                 raise ShapeError(
-                    f"{type(self).__name__}: expected {n_states} initial state tensor(s), got {len(hs)}"
+                    f"{type(self).__name__}: expected {n_states} initial state "
+                    f"tensor(s), got {len(hs)}"
                 )
             states = []
             for h in hs:
                 if not batched:
                     if h.ndim != 2:
                         raise ShapeError(
-                            f"For unbatched 2-D input, hx should also be 2-D but got {h.ndim}-D tensor"
+                            "For unbatched 2-D input, hx should also be 2-D but got "
+                            f"{h.ndim}-D tensor"
                         )
                     h = h.unsqueeze(1)
                 elif h.ndim != 3:

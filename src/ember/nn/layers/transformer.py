@@ -90,9 +90,14 @@ class TransformerEncoderLayer(Module):
 
     def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         x = self.self_attn(
-            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
             is_causal=is_causal and attn_mask is None,
-        )[0]  # fmt: skip
+        )[0]
         return self.dropout1(x)
 
     def _ff_block(self, x: Tensor) -> Tensor:
@@ -204,16 +209,26 @@ class TransformerDecoderLayer(Module):
 
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         x = self.self_attn(
-            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
             is_causal=is_causal and attn_mask is None,
-        )[0]  # fmt: skip
+        )[0]
         return self.dropout1(x)
 
     def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         x = self.multihead_attn(
-            x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+            x,
+            mem,
+            mem,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
             is_causal=is_causal and attn_mask is None,
-        )[0]  # fmt: skip
+        )[0]
         return self.dropout2(x)
 
     def _ff_block(self, x: Tensor) -> Tensor:
@@ -247,10 +262,15 @@ class TransformerDecoder(Module):
         out = tgt
         for mod in self.layers:
             out = mod(
-                out, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_padding_mask=tgt_key_padding_mask,
-                memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=bool(tgt_is_causal),
+                out,
+                memory,
+                tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                tgt_key_padding_mask=tgt_key_padding_mask,
+                memory_key_padding_mask=memory_key_padding_mask,
+                tgt_is_causal=bool(tgt_is_causal),
                 memory_is_causal=memory_is_causal,
-            )  # fmt: skip
+            )
         if self.norm is not None:
             out = self.norm(out)
         return out
@@ -341,9 +361,14 @@ class Transformer(Module):
             src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal
         )
         return self.decoder(
-            tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_padding_mask=tgt_key_padding_mask,
-            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+            tgt,
+            memory,
+            tgt_mask=tgt_mask,
+            memory_mask=memory_mask,
+            tgt_key_padding_mask=tgt_key_padding_mask,
+            memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=tgt_is_causal,
             memory_is_causal=memory_is_causal,
-        )  # fmt: skip
+        )
 
     generate_square_subsequent_mask = staticmethod(generate_square_subsequent_mask)
