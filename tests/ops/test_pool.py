@@ -51,6 +51,7 @@ POOLS = [
     ),
     ("adaptive_avg_pool2d", (2, 3, 7, 6), dict(output_size=(3, 4))),
     ("adaptive_avg_pool2d", (2, 3, 7, 6), dict(output_size=1)),
+    ("adaptive_avg_pool2d", (2, 3, 6, 8), dict(output_size=(3, 4))),
     ("adaptive_avg_pool2d", (3, 7, 6), dict(output_size=(None, 4))),
     ("adaptive_avg_pool2d", (1, 2, 3, 3), dict(output_size=5)),
     ("adaptive_avg_pool1d", (2, 3, 10), dict(output_size=4)),
@@ -108,6 +109,7 @@ def test_pool_grad_fd():
         [(1, 2, 5, 5)],
     )
     gradcheck(lambda x: ember.adaptive_avg_pool2d(x, (2, 3)), [(1, 2, 5, 5)])
+    gradcheck(lambda x: ember.adaptive_avg_pool2d(x, (2, 3)), [(1, 2, 4, 6)])
     gradcheck(lambda x: ember.adaptive_max_pool2d(x, (2, 3)), [(1, 2, 5, 5)])
 
 
