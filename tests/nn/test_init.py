@@ -130,3 +130,12 @@ def test_seeded_and_in_place_without_grad():
     assert init.kaiming_uniform_(m) is m
     h = init.normal_(ember.empty(50, 50, dtype=ember.bfloat16))
     assert h.dtype == ember.bfloat16 and abs(float(h.float().std()) - 1.0) < 0.1
+
+
+def test_meta_modules_draw_no_random_numbers():
+    before = ember.get_rng_state()
+    enc = ember.nn.TransformerEncoderLayer(512, 8, 2048, device="meta")
+    ember.nn.TransformerEncoder(enc, 4)
+    ember.nn.LSTM(64, 64, 2, device="meta")
+    ember.nn.Embedding(50000, 512, device="meta")
+    assert ember.get_rng_state() == before

@@ -93,14 +93,33 @@ def _calculate_correct_fan(tensor: Tensor, mode: str) -> int:
     return fan_in if mode == "fan_in" else fan_out
 
 
+def _sample(tensor: Tensor, draw, scale: float, shift: float) -> Tensor:
+    """tensor = scale * draw() + shift, drawn straight into its memory when possible."""
+    if tensor._device is META:
+        return tensor
+    data = tensor._data
+    if data.dtype in (np.float32, np.float64) and data.flags.c_contiguous and data.flags.writeable:
+        draw(data.shape, dtype=data.dtype, out=data)
+        out = data
+    else:
+        out = draw(data.shape, dtype=np.float32)
+    if scale != 1.0:
+        out *= scale
+    if shift != 0.0:
+        out += shift
+    if out is not data:
+        np.copyto(data, out, casting="unsafe")
+    return tensor
+
+
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
     """Fill with U(a, b)."""
-    return _fill(tensor, _rng(generator).uniform(a, b, tuple(tensor.shape)))
+    return _sample(tensor, _rng(generator).random, b - a, a)
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator=None) -> Tensor:
     """Fill with N(mean, std**2)."""
-    return _fill(tensor, _rng(generator).normal(mean, std, tuple(tensor.shape)))
+    return _sample(tensor, _rng(generator).standard_normal, std, mean)
 
 
 def trunc_normal_(
@@ -112,6 +131,8 @@ def trunc_normal_(
     generator=None,
 ) -> Tensor:
     """Fill with N(mean, std**2) truncated to [a, b] (exact, by resampling what falls outside)."""
+    if tensor._device is META:
+        return tensor
     rng = _rng(generator)
     shape = tuple(tensor.shape)
     out = rng.normal(mean, std, shape)
@@ -222,7 +243,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator=None) -> Tensor:
     """Fill with a (semi-)orthogonal matrix (dims after the first are flattened)."""
     if tensor.ndim < 2:
         raise ValueError("Only tensors with 2 or more dimensions are supported")
-    if tensor.numel() == 0:
+    if tensor.numel() == 0 or tensor._device is META:
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
@@ -240,6 +261,8 @@ def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator=None) 
     """Fill a 2-D tensor with N(0, std**2), zeroing a fraction `sparsity` of each column."""
     if tensor.ndim != 2:
         raise ValueError("Only tensors with 2 dimensions are supported")
+    if tensor._device is META:
+        return tensor
     rng = _rng(generator)
     rows, cols = tuple(tensor.shape)
     num_zeros = int(math.ceil(sparsity * rows))
