@@ -306,3 +306,18 @@ def test_meta_does_no_compute():
     assert tuple(ember.linalg.det(a).shape) == (4096,)
     v = ember.empty(1 << 40, 3, device="meta")
     assert tuple(ember.cross(v, v).shape) == (1 << 40, 3)
+
+
+@pytest.mark.parametrize("shape", [(3,), (1, 3), (2, 5, 3)], ids=str)
+def test_linear_with_real_qtensor(shape):
+    from ember.quant.qtensor import QTensor
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    q = QTensor.from_float(w, "Q8_0")
+    x = ember.from_numpy(rng.standard_normal(shape[:-1] + (64,)).astype(np.float32))
+    b = ember.from_numpy(rng.standard_normal(8).astype(np.float32))
+    ref = ember.linear(x, ember.from_numpy(q.dequantize()), b)
+    out = ember.linear(x, q, b)
+    assert tuple(out.shape) == shape[:-1] + (8,)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)

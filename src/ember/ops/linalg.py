@@ -267,8 +267,14 @@ class QLinear(Function):
     def forward(self, x, b=None, *, qweight):
         self.qweight = qweight
         lead = x.shape[:-1]
-        x2 = x.reshape(_prod(lead), x.shape[-1])
-        out = np.asarray(qweight.matmul_t(x2 if x2.dtype == _F32 else x2.astype(_F32)))
+        m = _prod(lead)
+        x2 = x.reshape(m, x.shape[-1])
+        if x2.dtype != _F32:
+            x2 = x2.astype(_F32)
+        if m == 1:  # decode: a contiguous float32 vector takes QTensor's matrix-vector kernel
+            out = np.asarray(qweight.matmul_t(np.ascontiguousarray(x2[0]))).reshape(1, -1)
+        else:
+            out = np.asarray(qweight.matmul_t(x2))
         if b is not None:
             out = out + _up(b)
         return out.astype(x.dtype, copy=False).reshape(lead + (out.shape[-1],))
