@@ -321,3 +321,10 @@ def test_linear_with_real_qtensor(shape):
     out = ember.linear(x, q, b)
     assert tuple(out.shape) == shape[:-1] + (8,)
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_einsum_result_never_aliases_its_input():
+    a = ember.randn(3, 3)
+    for eq in ("ij->ji", "ii->i", "ij"):
+        ember.einsum(eq, a).zero_()
+        assert a.abs().sum().item() > 0, eq

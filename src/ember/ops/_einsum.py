@@ -114,6 +114,8 @@ class Einsum(Function):
         xs = [_up(x) if sq is None else _up(x).reshape(sq) for x, sq in zip(xs, squeeze)]
         self.xs, self.terms, self.rhs, self.sizes, self.lo = xs, terms, rhs, sizes, lo
         out = np.asarray(np.einsum(",".join(terms) + "->" + rhs, *xs, optimize=len(xs) > 1))
+        if len(xs) == 1 and np.may_share_memory(out, xs[0]):  # 'ij->ji', 'ii->i' give views
+            out = out.copy()
         return out.astype(lo) if lo is not None else out
 
     def meta(self, *xs, terms, rhs, sizes, squeeze):
