@@ -112,6 +112,13 @@ def test_conv_int64_forward():
 def test_conv_batch_chunks(monkeypatch):
     """Chunking the batch (bounded im2col buffer) gives the same values and gradients."""
     monkeypatch.setattr(conv_mod, "_CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv_mod, "_BAND_BYTES", 200)  # forward: bands of a few output rows
+    for kw, ws in (
+        (dict(padding=2, dilation=2, groups=2), (6, 2, 3, 3)),
+        (dict(stride=(2, 1), padding=(1, 0)), (3, 4, 3, 2)),
+    ):
+        f, tf = (lambda *a, kw=kw: ember.conv2d(*a, **kw)), (lambda *a, kw=kw: F.conv2d(*a, **kw))
+        check(f, tf, [(2, 4, 9, 7), ws, (ws[0],)], contig_variants=False)
     check(
         lambda *a: ember.conv2d(*a, stride=2, padding=1),
         lambda *a: F.conv2d(*a, stride=2, padding=1),
