@@ -26,7 +26,7 @@ demo: $(VENV)/.demo-installed
 	$(BIN)/ember chat --once "What is the capital of France?"
 
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider
+	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check src tests bench examples

@@ -27,7 +27,7 @@ FLOATS = (ember.float32, ember.float64)
 def rand_array(shape, dtype, rng, low=-2.0, high=2.0, positive=False) -> np.ndarray:
     """Random data of an ember dtype as a numpy array (ints in a small range, bools 50/50)."""
     if dtype is ember.bool:
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     if not dtype.is_floating_point:
         lo = 0 if (positive or not dtype.is_signed) else -5
         return rng.integers(lo + (1 if positive else 0), 6, shape).astype(dtype.np)

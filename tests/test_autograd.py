@@ -100,3 +100,30 @@ def test_diamond_graph_and_reuse():
     y.backward()
     expected = 2 * 3 * 6 + 3 * np.exp(6.0) + 1
     np.testing.assert_allclose(x.grad.item(), expected, rtol=1e-6)
+
+
+def test_inplace_on_non_leaf_keeps_earlier_history():
+    x = ember.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = x * 2
+    z = y * y  # recorded against y's old value
+    y.mul_(3)  # y is rebound; z's history must not change
+    (z.sum() + y.sum()).backward()
+    tx = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    ty = tx * 2
+    tz = ty * ty
+    ty = ty * 3
+    (tz.sum() + ty.sum()).backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
+
+
+def test_setitem_with_grad_reading_itself():
+    x = ember.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    y = x * 1
+    y[1:] = y[1:] * 3
+    y.sum().backward()
+    assert x.grad.tolist() == [1.0, 3.0, 3.0, 3.0]
+
+
+def test_broadcast_mismatch_is_a_shape_error():
+    with pytest.raises(ember.errors.ShapeError, match=r"\(3,\).*\(4,\)"):
+        ember.ones(3) + ember.ones(4)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ember.device import META
-from ember.errors import AutogradError, DeviceError, ShapeError
+from ember.errors import AutogradError, DeviceError, EmberError, ShapeError
 
 _grad_enabled = True
 Tensor = None  # set by ember.tensor once the class exists (avoids an import cycle)
@@ -124,6 +124,7 @@ class Function:
 
     meta = None
     released = False
+    _out_ref = staticmethod(lambda: None)  # weak reference to the output tensor, set by Tensor._wrap
 
     def forward(self, *arrays, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -141,21 +142,31 @@ class Function:
                     f"{cls.__name__}: expected all tensors on one device, got {dev} and {t._device}"
                 )
         ctx = cls()
-        if dev is META:
-            arrays = [t._data for t in inputs]
-            if cls.meta is not None:
-                shape, dtype = ctx.meta(*arrays, **kwargs)
+        try:
+            if dev is META:
+                arrays = [t._data for t in inputs]
+                if cls.meta is not None:
+                    shape, dtype = ctx.meta(*arrays, **kwargs)
+                else:
+                    out = np.asarray(ctx.forward(*arrays, **kwargs))
+                    shape, dtype = out.shape, out.dtype
+                out = meta_array(shape, dtype)
             else:
-                out = np.asarray(ctx.forward(*arrays, **kwargs))
-                shape, dtype = out.shape, out.dtype
-            out = meta_array(shape, dtype)
-        else:
-            out = ctx.forward(*[t._data for t in inputs], **kwargs)
+                out = ctx.forward(*[t._data for t in inputs], **kwargs)
+        except ValueError as e:
+            if isinstance(e, EmberError):
+                raise
+            shapes = ", ".join(str(tuple(t._data.shape)) for t in inputs)
+            raise ShapeError(f"{cls.__name__.lower()}: {e} (input shapes {shapes})") from None
         if _grad_enabled:
             for t in inputs:
                 if t.requires_grad:
                     ctx.parents = inputs
-                    ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
+                    # edges point at the parents' graph nodes as they are *now*, so a later
+                    # in-place op that rebinds a parent tensor does not rewrite this history
+                    ctx.edges = tuple(p._ctx if p._ctx is not None else p for p in inputs)
+                    ctx.in_meta = tuple((p._data.shape, p._data.dtype) for p in inputs)
+                    ctx.needs_input_grad = tuple(p.requires_grad for p in inputs)
                     return Tensor._wrap(out, dev, ctx)
         return Tensor._wrap(out, dev)
 
@@ -173,75 +184,87 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     return grad
 
 
+def _node(t):
+    """A tensor's graph node: the Function that made it, or the tensor itself for a leaf."""
+    return t._ctx if t._ctx is not None else t
+
+
 def _topo(roots) -> list:
     order, seen = [], set()
     stack = [(r, False) for r in roots]
     while stack:
-        t, done = stack.pop()
+        n, done = stack.pop()
         if done:
-            order.append(t)
+            order.append(n)
             continue
-        if id(t) in seen:
+        if id(n) in seen:
             continue
-        seen.add(id(t))
-        stack.append((t, True))
-        ctx = t._ctx
-        if ctx is not None:
-            if ctx.released:
+        seen.add(id(n))
+        stack.append((n, True))
+        if isinstance(n, Function):
+            if n.released:
                 raise AutogradError(
                     "trying to backward through the graph a second time; "
                     "pass retain_graph=True to the first backward()"
                 )
-            for p in ctx.parents:
-                if p.requires_grad and id(p) not in seen:
-                    stack.append((p, False))
+            for e, need in zip(n.edges, n.needs_input_grad):
+                if need and id(e) not in seen:
+                    stack.append((e, False))
     return order
 
 
 def _run_backward(roots, root_grads, retain_graph: bool, capture=None) -> dict:
-    """Propagate gradients from roots; accumulate into .grad, or collect for ``capture`` ids."""
+    """Propagate gradients from root tensors; accumulate into .grad, or collect for ``capture``.
+
+    The graph is walked over nodes (Functions, and leaf tensors); a non-leaf tensor's hooks and
+    retain_grad are found through its node's ``out`` weak reference. ``capture`` maps
+    id(node) -> id(tensor) for autograd.grad.
+    """
     grads: dict[int, np.ndarray] = {}
-    for r, g in zip(roots, root_grads):
-        grads[id(r)] = grads[id(r)] + g if id(r) in grads else g
+    nodes = [_node(r) for r in roots]
+    for n, g in zip(nodes, root_grads):
+        grads[id(n)] = grads[id(n)] + g if id(n) in grads else g
     captured: dict[int, np.ndarray] = {}
-    for t in reversed(_topo(roots)):
-        g = grads.pop(id(t), None)
+    for n in reversed(_topo(nodes)):
+        g = grads.pop(id(n), None)
         if g is None:
             continue
-        if t._hooks:
+        is_fn = isinstance(n, Function)
+        t = n._out_ref() if is_fn else n
+        if t is not None and t._hooks:
             for hook in t._hooks:
                 r = hook(Tensor._wrap(g, t._device))
                 if r is not None:
                     g = r._data
-        if capture is not None and id(t) in capture:
-            captured[id(t)] = g
-        elif capture is None and (t._ctx is None or t._retain):
+        if capture is not None:
+            if id(n) in capture:
+                captured[capture[id(n)]] = g
+        elif t is not None and (not is_fn or t._retain) and t.requires_grad:
             if t.grad is None:
                 t.grad = Tensor._wrap(np.array(g, copy=True), t._device)
             else:
                 t.grad = Tensor._wrap(t.grad._data + g, t._device)
-        ctx = t._ctx
-        if ctx is None:
+        if not is_fn:
             continue
-        in_grads = ctx.backward(g)
+        in_grads = n.backward(g)
         if not isinstance(in_grads, tuple):
             in_grads = (in_grads,)
-        for p, need, pg in zip(ctx.parents, ctx.needs_input_grad, in_grads):
+        for (shape, dtype), e, need, pg in zip(n.in_meta, n.edges, n.needs_input_grad, in_grads):
             if not need or pg is None:
                 continue
-            if pg.dtype != p._data.dtype:
-                pg = pg.astype(p._data.dtype)
-            if pg.shape != p._data.shape:
+            if pg.dtype != dtype:
+                pg = pg.astype(dtype)
+            if pg.shape != shape:
                 raise ShapeError(
-                    f"{type(ctx).__name__}.backward gave a gradient of shape {pg.shape} "
-                    f"for an input of shape {p._data.shape}"
+                    f"{type(n).__name__}.backward gave a gradient of shape {pg.shape} "
+                    f"for an input of shape {shape}"
                 )
-            k = id(p)
+            k = id(e)
             grads[k] = grads[k] + pg if k in grads else pg
         if not retain_graph:
-            ctx.__dict__.clear()
-            ctx.released = True
-            ctx.parents = ()
+            n.__dict__.clear()
+            n.released = True
+            n.parents = n.edges = n.needs_input_grad = n.in_meta = ()
     return captured
 
 
@@ -294,12 +317,12 @@ def grad(
     outputs = [outputs] if not isinstance(outputs, Sequence) else list(outputs)
     if grad_outputs is not None and not isinstance(grad_outputs, Sequence):
         grad_outputs = [grad_outputs]
-    reachable = {id(t) for t in _topo(outputs)}
-    if not allow_unused and any(id(t) not in reachable for t in inputs):
+    reachable = {id(n) for n in _topo([_node(t) for t in outputs])}
+    if not allow_unused and any(id(_node(t)) not in reachable for t in inputs):
         raise AutogradError("one of the differentiated tensors was not used in the graph; pass allow_unused=True")
     with no_grad():
         got = _run_backward(
-            outputs, _default_grads(outputs, grad_outputs), bool(retain_graph), {id(t) for t in inputs}
+            outputs, _default_grads(outputs, grad_outputs), bool(retain_graph), {id(_node(t)): id(t) for t in inputs}
         )
     res = []
     for t in inputs:

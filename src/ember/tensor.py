@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ember import autograd
@@ -60,6 +62,8 @@ class Tensor:
         t._ctx = ctx
         t._retain = False
         t._hooks = ()
+        if ctx is not None:
+            ctx._out_ref = weakref.ref(t)
         return t
 
     # ---------------------------------------------------------------- properties
@@ -392,8 +396,10 @@ class Tensor:
                     "a leaf tensor that requires grad is used in an in-place operation; "
                     "wrap it in ember.no_grad() or use the out-of-place op"
                 )
+            # out's node recorded self's old node as its edge, so rebinding keeps history intact
             self._data = out._data.astype(self._data.dtype, copy=False)
             self._ctx = out._ctx
+            self._ctx._out_ref = weakref.ref(self)
             self.requires_grad = True
             return self
         if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
@@ -408,6 +414,11 @@ class Tensor:
         if np.broadcast_shapes(src.shape, self._data.shape) != self._data.shape:
             raise ShapeError(
                 f"in-place op: output with shape {self._data.shape} doesn't match the broadcast shape {src.shape}"
+            )
+        if not self._data.flags.writeable:
+            raise AutogradError(
+                "in-place write into a read-only tensor (an expand()ed view or a memory-mapped "
+                "weight); clone() it first"
             )
         np.copyto(self._data, src, casting="unsafe")
         return self

@@ -45,15 +45,6 @@ def to_device(x: Tensor, device) -> Tensor:
 
 
 # ------------------------------------------------------------------ in-place methods
-def _inplace(fn):
-    def method(self, *args, **kwargs):
-        return self._assign(fn(self, *args, **kwargs))
-
-    method.__name__ = fn.__name__ + "_"
-    method.__doc__ = f"In-place {fn.__name__}."
-    return method
-
-
 def zero_(self: Tensor) -> Tensor:
     """Fill with zeros in place."""
     return fill_(self, 0)
@@ -110,7 +101,7 @@ def _bind() -> None:
     for name in _INPLACE:
         fn = getattr(T, name, None)
         if fn is not None and not hasattr(T, name + "_"):
-            setattr(T, name + "_", _inplace(fn))
+            setattr(T, name + "_", movement.inplace(fn))
     T.zero_, T.fill_, T.copy_ = zero_, fill_, copy_
     T.__add__ = lambda a, b: _E.add(a, b)
     T.__radd__ = lambda a, b: _E.add(b, a)

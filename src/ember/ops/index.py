@@ -24,7 +24,7 @@ from ember.ops._gather import *  # noqa: F403  (re-exported)
 from ember.ops._gather import embedding  # noqa: F401  (F.embedding; not ember.embedding)
 from ember.ops._search import *  # noqa: F403  (re-exported)
 from ember.ops._util import as_tensor_like, cast
-from ember.ops.movement import Index, _old, expand, inplace, reshape
+from ember.ops.movement import Index, expand, inplace, reshape
 from ember.tensor import Tensor
 
 _INTS = (int, np.integer)
@@ -313,7 +313,7 @@ def _put(self: Tensor, basic: tuple, adv, value, accumulate: bool) -> Tensor:
             raise DTypeError(f"can't assign a {type(value).__name__} to a tensor")
         varr = varr.astype(self._data.dtype)
     if autograd.is_grad_enabled() and (self.requires_grad or (v is not None and v.requires_grad)):
-        old = _old(self)
+        old = self
         if v is not None:
             out = SetItem.apply(old, v, basic=basic, adv=adv, accumulate=accumulate)
         else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import operator
 
+import weakref
+
 import numpy as np
 
 from ember import autograd
@@ -506,20 +508,12 @@ def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Te
 
 
 # ------------------------------------------------------------------ in-place forms
-def _old(self: Tensor) -> Tensor:
-    """self's current version as its own tensor, so that a node recorded now does not point back
-    at self once self is rebound to that node (which would make a cycle)."""
-    if self._ctx is not None and autograd.is_grad_enabled():
-        return Tensor._wrap(self._data, self._device, self._ctx)
-    return self
-
-
 def inplace(fn):
     """The in-place method of an out-of-place op: values are written into self (views see it);
     with grad, self is rebound to the new node (see Tensor._assign)."""
 
     def method(self, *args, **kwargs):
-        return self._assign(fn(_old(self), *args, **kwargs))
+        return self._assign(fn(self, *args, **kwargs))
 
     method.__name__ = fn.__name__ + "_"
     method.__doc__ = f"In-place {fn.__name__}."
@@ -532,10 +526,11 @@ def inplace_view(fn):
     def method(self, *args, **kwargs):
         if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
             raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
-        out = fn(_old(self), *args, **kwargs)
+        out = fn(self, *args, **kwargs)
         self._data = out._data
         if out._ctx is not None:
             self._ctx = out._ctx
+            self._ctx._out_ref = weakref.ref(self)
         return self
 
     method.__name__ = fn.__name__ + "_"

@@ -1,0 +1,50 @@
+"""Shared by the benchmarks: timing, BLAS info, appending results to bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def timeit(fn, repeat: int = 5, warmup: int = 1) -> float:
+    """Median wall time of fn() in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def blas_info() -> str:
+    """Which BLAS libraries and kernels are loaded (numpy's and torch's), via threadpoolctl."""
+    from threadpoolctl import threadpool_info
+
+    parts = []
+    for d in threadpool_info():
+        if d.get("user_api") == "blas":
+            parts.append(f"{Path(d['filepath']).name} {d.get('internal_api')} {d.get('version')} "
+                         f"{d.get('architecture')} threads={d.get('num_threads')}")  # fmt: skip
+    return "; ".join(parts) or "no BLAS found"
+
+
+def append(title: str, table: str) -> None:
+    """Append a section with the command line, machine, BLAS and the table to RESULTS.md."""
+    if not RESULTS.exists():
+        RESULTS.write_text("# Benchmark results\n\nEach section: the command, the machine, the BLAS kernels, the table.\n")
+    cmd = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ)
+    with RESULTS.open("a") as f:
+        f.write(f"\n## {title} ({datetime.date.today()})\n\n")
+        f.write(f"- command: `{cmd}`\n- machine: {platform.machine()}, {os.cpu_count()} cores; env: {env or '-'}\n")
+        f.write(f"- BLAS: {blas_info()}\n\n{table}\n")
