@@ -458,6 +458,8 @@ class Module(StateDictMixin):
             if p.grad is not None:
                 if set_to_none:
                     p.grad = None
+                elif p.grad._data.flags.writeable:
+                    p.grad._data[...] = 0
                 else:
                     p.grad = Tensor._wrap(np.zeros_like(p.grad._data), p.grad._device)
 
