@@ -237,6 +237,7 @@ def test_transformer_encoder_layer(norm_first, activation, batch_first):
         check_module(e, t, [x], grad=False, atol=1e-8, rtol=1e-8)
 
 
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
 def test_transformer_encoder_and_decoder():
     layer_e = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
     layer_t = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)

@@ -17,6 +17,7 @@ def _twins(name, *args, **kwargs):
     return e, t
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize(
     "name,args,kwargs,shape",
     [
