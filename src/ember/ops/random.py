@@ -87,16 +87,23 @@ def _sample_shape(size) -> tuple:
     return shape
 
 
+def _draw(shape, device, fn):
+    """Samples from fn(shape), or a data-free placeholder on the meta device (nothing is drawn)."""
+    if as_device(device) is META:
+        return meta_array(shape, np.float64)
+    return fn(shape)
+
+
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1)."""
     shape = _sample_shape(size)
-    return _out(_rng(generator).random(shape, dtype=np.float64), dtype, device, requires_grad)
+    return _out(_draw(shape, device, _rng(generator).random), dtype, device, requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples."""
     shape = _sample_shape(size)
-    return _out(_rng(generator).standard_normal(shape), dtype, device, requires_grad)
+    return _out(_draw(shape, device, _rng(generator).standard_normal), dtype, device, requires_grad)
 
 
 def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
@@ -108,7 +115,7 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
     if size is None:
         raise ShapeError("randint: size is required")
     shape = _sample_shape((size,) if isinstance(size, int) else (tuple(size),))
-    arr = _rng(generator).integers(low, high, shape, dtype=np.int64)
+    arr = _draw(shape, device, lambda s: _rng(generator).integers(low, high, s, dtype=np.int64))
     return _out(arr, dtype or _dt.int64, device, False)
 
 
