@@ -154,6 +154,11 @@ def test_interpolate(shape, kw):
     both("interpolate", shape, **kw)
 
 
+def test_interpolate_nearest_uint8():
+    both("interpolate", (1, 3, 4, 5), dtypes=(ember.uint8,), scale_factor=2)
+    both("interpolate", (1, 3, 4, 5), dtypes=(ember.uint8,), size=(3, 7), mode="nearest-exact")
+
+
 def test_interpolate_grad_fd_and_errors():
     gradcheck(lambda x: ember.interpolate(x, scale_factor=1.5, mode="bilinear"), [(1, 2, 3, 4)])
     gradcheck(lambda x: ember.interpolate(x, size=(5, 3)), [(1, 2, 3, 4)])

@@ -152,8 +152,10 @@ def interpolate(
         from ember.ops.pool import adaptive_avg_pool1d, adaptive_avg_pool2d
 
         return (adaptive_avg_pool1d if nd == 1 else adaptive_avg_pool2d)(input, out)
-    if not input.is_floating_point():
-        raise DTypeError(f"interpolate: expected a float tensor, got {input.dtype}")
+    if mode in _LINEAR and not input.is_floating_point():
+        raise DTypeError(f"interpolate: mode {mode!r} expects a float tensor, got {input.dtype}")
+    if input._data.dtype == np.bool_:
+        raise DTypeError("interpolate: not implemented for bool tensors")
     ctype = np.float64 if input._data.dtype == np.float64 else np.float32
     plans = tuple(
         (2 + i, _axis_plan(mode, sp[i], out[i], scales[i], bool(align_corners), ctype))
