@@ -14,6 +14,7 @@ COMMANDS = {
     "info": "Show a model's architecture, parameters, quantization and memory.",
     "convert": "Convert model files: pt/pth/bin -> safetensors, safetensors <-> GGUF, GGUF -> folder.",
     "inspect": "Show a model file's format, metadata, tensor table, dtypes and sizes.",
+    "embed": "Sentence embeddings of texts or stdin lines (bundled all-MiniLM-L6-v2 by default).",
 }
 
 
