@@ -180,23 +180,40 @@ DEPTHWISE = [
 
 
 @pytest.mark.parametrize("xs,ws,s,d,p,out", DEPTHWISE, ids=str)
-def test_depthwise_kernel_matches_reference(xs, ws, s, d, p, out):
-    from ember.backends.cpu.kernels.depthwise import depthwise_conv2d, depthwise_conv2d_reference
+def test_depthwise_kernels_match_references(xs, ws, s, d, p, out):
+    from ember.backends.cpu.kernels import depthwise as dw
 
     rng = np.random.default_rng(0)
+    k = ws[2:]
+    out = out or tuple((xs[2 + i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2))
     for dt in (np.float32, np.float64):
         x, w = rng.standard_normal(xs).astype(dt), rng.standard_normal(ws).astype(dt)
-        k = ws[2:]
-        out = out or tuple(
-            (xs[2 + i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2)
-        )
-        ref = depthwise_conv2d_reference(x, w, s, d, p, out)
-        got = depthwise_conv2d(x, w, s, d, p, out)
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-        if out == tuple(ref.shape[2:]) and p[0] * 2 <= k[0] and p[1] * 2 <= k[1]:
-            tx = torch.from_numpy(x)
-            t = F.conv2d(tx, torch.from_numpy(w), stride=s, padding=p, dilation=d, groups=xs[1])
-            np.testing.assert_allclose(got, t.numpy(), rtol=1e-5, atol=1e-5)
+        g = rng.standard_normal((xs[0], ws[0], *out)).astype(dt)
+        pairs = [
+            (
+                dw.depthwise_conv2d(x, w, s, d, p, out),
+                dw.depthwise_conv2d_reference(x, w, s, d, p, out),
+            ),
+            (
+                dw.depthwise_grad_input(g, w, xs, s, d, p),
+                dw.depthwise_grad_input_reference(g, w, xs, s, d, p),
+            ),
+            (
+                dw.depthwise_grad_weight(g, x, ws, s, d, p),
+                dw.depthwise_grad_weight_reference(g, x, ws, s, d, p),
+            ),
+        ]
+        for got, ref in pairs:
+            assert got.shape == ref.shape and got.dtype == ref.dtype
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    # float64 against torch where torch's symmetric padding gives the same output size
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    t = F.conv2d(tx, tw, stride=s, padding=p, dilation=d, groups=xs[1])
+    if tuple(t.shape[2:]) == out:
+        t.backward(torch.from_numpy(g))
+        np.testing.assert_allclose(pairs[0][0], t.detach().numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(pairs[1][0], tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(pairs[2][0], tw.grad.numpy(), rtol=1e-6, atol=1e-6)
 
 
 def test_meta_does_no_compute():

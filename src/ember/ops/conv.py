@@ -82,19 +82,6 @@ def col2im(cols: np.ndarray, size: tuple, s: tuple, d: tuple, pad: tuple) -> np.
     return xp[:, :, pt : pt + h, pl : pl + w]
 
 
-def _windows(x: np.ndarray, k: tuple, s: tuple, d: tuple, pad: tuple, out: tuple):
-    """Yield (i, j, view) for each kernel offset: view[n, c, oh, ow] = padded x at that tap."""
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = k, s, d, pad, out
-    pb = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - h - pt)
-    pr = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - w - pl)
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))) if pt or pb or pl or pr else x
-    for i in range(kh):
-        for j in range(kw):
-            hi, wj = i * dh, j * dw
-            yield i, j, xp[:, :, hi : hi + sh * (oh - 1) + 1 : sh, wj : wj + sw * (ow - 1) + 1 : sw]
-
-
 # ------------------------------------------------------------------ geometry
 class Geom(NamedTuple):
     """Static convolution parameters, normalised to 2-D."""
@@ -246,21 +233,11 @@ def _conv_bwd(x4, w4, g4, geom: Geom, need_x: bool, need_w: bool):
 
 
 def _depthwise_bwd(x4, w4, g4, k, s, d, pad, need_x, need_w):
-    n, c, h, w = x4.shape
-    m = w4.shape[0] // c
-    oh, ow = g4.shape[2:]
-    g5 = g4.reshape(n, c, m, oh, ow)
-    gw = np.zeros(w4.shape, g4.dtype) if need_w else None
-    cols = np.empty((n, c, *k, oh, ow), g4.dtype) if need_x else None
-    for i, j, v in _windows(x4, k, s, d, pad, (oh, ow)) if need_w else ():
-        gw[:, 0, i, j] = np.einsum("ncmhw,nchw->cm", g5, v).reshape(-1)
-    if need_x:
-        for i in range(k[0]):
-            for j in range(k[1]):
-                wij = w4[:, 0, i, j].reshape(1, c, m, 1, 1)
-                cols[:, :, i, j] = (g5 * wij).sum(2) if m > 1 else g5[:, :, 0] * wij[:, :, 0]
-        return col2im(cols, (h, w), s, d, pad), gw
-    return None, gw
+    from ember.backends.cpu.kernels import depthwise as dw
+
+    gx = dw.depthwise_grad_input(g4, w4, x4.shape, s, d, pad) if need_x else None
+    gw = dw.depthwise_grad_weight(g4, x4, w4.shape, s, d, pad) if need_w else None
+    return gx, gw
 
 
 # ------------------------------------------------------------------ transposed convolution
