@@ -57,7 +57,9 @@ def default_model_dir() -> Path:
     return d / "model"
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, missing: dict | None = None) -> dict:
+    if missing is not None and not path.is_file():
+        return missing
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -130,23 +132,20 @@ class SentenceTransformer:
         if not (tdir / "config.json").is_file():
             raise FormatError(f"{tdir}: no config.json for the transformer stage")
         self.model = BertModel.from_pretrained(tdir)
-        st_cfg = (
-            _read_json(tdir / "sentence_bert_config.json")
-            if (tdir / "sentence_bert_config.json").is_file()
-            else {}
-        )
+        st_cfg = _read_json(tdir / "sentence_bert_config.json", {})
         self.do_lower_case = bool(st_cfg.get("do_lower_case", False))
-        limit = self.model.config.max_position_embeddings - (self.model.config.position_offset or 0)
-        if self.model.config.position_offset is not None:
-            limit -= 1
-        self.max_seq_length = int(st_cfg.get("max_seq_length") or limit)
-        self.max_seq_length = min(self.max_seq_length, limit)
+        cfg = self.model.config
+        limit = cfg.max_position_embeddings
+        if cfg.position_offset is not None:  # RoBERTa: positions start at pad_token_id + 1
+            limit -= cfg.position_offset + 1
+        # sentence-transformers < 6 writes max_seq_length to sentence_bert_config.json, newer
+        # versions to tokenizer_config.json's model_max_length
+        tok_cfg = _read_json(tdir / "tokenizer_config.json", {})
+        wanted = st_cfg.get("max_seq_length") or tok_cfg.get("model_max_length") or limit
+        self.max_seq_length = min(int(wanted), limit)
         self.tokenizer = self._tokenizer(tdir)
-        pcfg = (
-            _read_json(root / stages["pooling"] / "config.json")
-            if stages["pooling"] is not None
-            else {}
-        )
+        pooling = stages["pooling"]
+        pcfg = _read_json(root / pooling / "config.json") if pooling is not None else {}
         self.pooling_modes = pooling_modes(pcfg)
         self.dense = [self._dense(root / p) for p in stages["dense"]]
         self.normalize = stages["normalize"]
