@@ -1,0 +1,238 @@
+"""Channels-last (NHWC) inference kernels: im2col, depthwise conv, fused epilogue, max pool.
+
+These serve ember.models.fuse: with activations stored NHWC, a kxk convolution is one im2col copy
+(each window row is kw*C contiguous floats) and one BLAS GEMM (N*OH*OW, kh*kw*C) @ (kh*kw*C, O);
+a 1x1 convolution is the GEMM alone. The epilogue adds the folded-BatchNorm bias, an optional
+residual and the activation in one pass over the GEMM output.
+
+Every numba kernel has a numpy reference beside it (same name + ``_reference``) that tests compare
+against and that serves when numba is absent (EMBER_NO_NUMBA=1). Activations: 0 none, 1 ReLU,
+2 ReLU6. float32 only (the fused path casts everything to float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.backends.cpu.kernels import numba_or_none
+
+ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2}
+_K: dict = {}
+
+
+# ------------------------------------------------------------------ numpy references
+def im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
+    """x (N, H, W, C) -> out (N*OH*OW, kh*kw*C): one row per output pixel, (i, j, c) order."""
+    n, h, w, c = x.shape
+    pb = max(0, (oh - 1) * sh + kh - h - pt)
+    pr = max(0, (ow - 1) * sw + kw - w - pl)
+    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    o6 = out.reshape(n, oh, ow, kh, kw, c)
+    for i in range(kh):
+        for j in range(kw):
+            o6[:, :, :, i, j] = xp[
+                :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw
+            ]
+    return out
+
+
+def _act_reference(y: np.ndarray, act: int) -> np.ndarray:
+    if act == 1:
+        np.maximum(y, 0, out=y)
+    elif act == 2:
+        np.clip(y, 0, 6, out=y)
+    return y
+
+
+def epilogue_reference(y, bias, res, act: int) -> np.ndarray:
+    """In place on y (M, O): y = act(y + bias [+ res])."""
+    y += bias
+    if res is not None:
+        y += res
+    return _act_reference(y, act)
+
+
+def depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
+    """x (N, H, W, C), w (kh, kw, C), bias (C,) -> out (N, OH, OW, C) = act(dwconv + bias)."""
+    n, h, wd, c = x.shape
+    kh, kw, _ = w.shape
+    oh, ow = out.shape[1:3]
+    pb = max(0, (oh - 1) * sh + kh - h - pt)
+    pr = max(0, (ow - 1) * sw + kw - wd - pl)
+    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    out[...] = bias
+    for i in range(kh):
+        for j in range(kw):
+            out += xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] * w[i, j]
+    return _act_reference(out, act)
+
+
+def maxpool_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
+    """x (N, H, W, C) -> out (N, OH, OW, C), padding counts as -inf (torch's max_pool2d)."""
+    n, h, w, c = x.shape
+    oh, ow = out.shape[1:3]
+    pb = max(0, (oh - 1) * sh + kh - h - pt)
+    pr = max(0, (ow - 1) * sw + kw - w - pl)
+    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-np.inf)
+    out[...] = -np.inf
+    for i in range(kh):
+        for j in range(kw):
+            v = xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
+            np.maximum(out, v, out=out)
+    return out
+
+
+# ------------------------------------------------------------------ numba kernels
+def _build(nb):
+    opts = dict(parallel=True, nogil=True, cache=True, fastmath=True)
+
+    @nb.njit(**opts)
+    def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow):  # pragma: no cover - compiled
+        n, h, w, c = x.shape
+        xf = x.reshape(n, h, w * c)
+        seg = kw * c
+        for r in nb.prange(n * oh):
+            b = r // oh
+            y = r - b * oh
+            for xo in range(ow):
+                row = out[r * ow + xo]
+                iw0 = xo * sw - pl
+                j_lo = max(0, -iw0)
+                j_hi = min(kw, w - iw0)
+                for i in range(kh):
+                    ih = y * sh - pt + i
+                    d0 = i * seg
+                    if ih < 0 or ih >= h or j_hi <= j_lo:
+                        for t in range(seg):
+                            row[d0 + t] = 0.0
+                        continue
+                    for t in range(j_lo * c):
+                        row[d0 + t] = 0.0
+                    src = xf[b, ih]
+                    s0 = (iw0 + j_lo) * c
+                    ln = (j_hi - j_lo) * c
+                    for t in range(ln):
+                        row[d0 + j_lo * c + t] = src[s0 + t]
+                    for t in range(j_hi * c, seg):
+                        row[d0 + t] = 0.0
+        return out
+
+    @nb.njit(**opts)
+    def epilogue(y, bias, res, has_res, act):  # pragma: no cover - compiled
+        m, o = y.shape
+        blk = 64
+        for bi in nb.prange((m + blk - 1) // blk):
+            for r in range(bi * blk, min(m, bi * blk + blk)):
+                row = y[r]
+                if has_res:
+                    rr = res[r]
+                    for t in range(o):
+                        row[t] += bias[t] + rr[t]
+                else:
+                    for t in range(o):
+                        row[t] += bias[t]
+                if act == 1:
+                    for t in range(o):
+                        row[t] = max(row[t], 0.0)
+                elif act == 2:
+                    for t in range(o):
+                        row[t] = min(max(row[t], 0.0), 6.0)
+        return y
+
+    @nb.njit(**opts)
+    def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
+        n, h, wd, c = x.shape
+        kh, kw = w.shape[0], w.shape[1]
+        oh, ow = out.shape[1], out.shape[2]
+        for r in nb.prange(n * oh):
+            b = r // oh
+            y = r - b * oh
+            for xo in range(ow):
+                acc = out[b, y, xo]
+                for t in range(c):
+                    acc[t] = bias[t]
+                for i in range(kh):
+                    ih = y * sh - pt + i
+                    if ih < 0 or ih >= h:
+                        continue
+                    for j in range(kw):
+                        iw = xo * sw - pl + j
+                        if iw < 0 or iw >= wd:
+                            continue
+                        src = x[b, ih, iw]
+                        wt = w[i, j]
+                        for t in range(c):
+                            acc[t] += src[t] * wt[t]
+                if act == 1:
+                    for t in range(c):
+                        acc[t] = max(acc[t], 0.0)
+                elif act == 2:
+                    for t in range(c):
+                        acc[t] = min(max(acc[t], 0.0), 6.0)
+        return out
+
+    @nb.njit(**opts)
+    def maxpool(x, out, kh, kw, sh, sw, pt, pl):  # pragma: no cover - compiled
+        n, h, w, c = x.shape
+        oh, ow = out.shape[1], out.shape[2]
+        for r in nb.prange(n * oh):
+            b = r // oh
+            y = r - b * oh
+            for xo in range(ow):
+                acc = out[b, y, xo]
+                for t in range(c):
+                    acc[t] = -np.inf
+                for i in range(kh):
+                    ih = y * sh - pt + i
+                    if ih < 0 or ih >= h:
+                        continue
+                    for j in range(kw):
+                        iw = xo * sw - pl + j
+                        if iw < 0 or iw >= w:
+                            continue
+                        src = x[b, ih, iw]
+                        for t in range(c):
+                            acc[t] = max(acc[t], src[t])
+        return out
+
+    return {"im2col": im2col, "epilogue": epilogue, "depthwise": depthwise, "maxpool": maxpool}
+
+
+def _kernels():
+    if not _K:
+        nb = numba_or_none()
+        _K.update(_build(nb) if nb is not None else {"none": None})
+    return None if "none" in _K else _K
+
+
+# ------------------------------------------------------------------ dispatchers
+def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
+    """x (N, H, W, C) float32 contiguous -> out (N*OH*OW, kh*kw*C), zero padding."""
+    k = _kernels()
+    if k is None:
+        return im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow)
+    return k["im2col"](x, out, kh, kw, sh, sw, pt, pl, oh, ow)
+
+
+def epilogue(y: np.ndarray, bias: np.ndarray, res: np.ndarray | None, act: int) -> np.ndarray:
+    """In place: y (M, O) = act(y + bias [+ res (M, O)])."""
+    k = _kernels()
+    if k is None:
+        return epilogue_reference(y, bias, res, act)
+    return k["epilogue"](y, bias, y if res is None else res, res is not None, act)
+
+
+def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
+    """Depthwise kxk conv over NHWC with the bias and activation fused."""
+    k = _kernels()
+    if k is None:
+        return depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act)
+    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+
+
+def maxpool(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
+    """Max pooling over NHWC (padding is -inf)."""
+    k = _kernels()
+    if k is None:
+        return maxpool_reference(x, out, kh, kw, sh, sw, pt, pl)
+    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl)
