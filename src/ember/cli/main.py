@@ -15,6 +15,7 @@ COMMANDS = {
     "convert": "Convert model files: pt/pth/bin -> safetensors, safetensors <-> GGUF, GGUF -> folder.",
     "inspect": "Show a model file's format, metadata, tensor table, dtypes and sizes.",
     "embed": "Sentence embeddings of texts or stdin lines (bundled all-MiniLM-L6-v2 by default).",
+    "transcribe": "Speech to text from a WAV file with Whisper (bundled tiny.en by default).",
     "classify": "Classify images: top-5 ImageNet labels (bundled EfficientNet-Lite0 by default).",
 }
 

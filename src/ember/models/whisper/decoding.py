@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -164,42 +164,63 @@ def _timestamp_rules(
         logits[:tb] = -np.inf
 
 
-def decode_window(
+def _single_thread_blas():
+    """A context that limits BLAS to one thread (numpy's matrix-vector calls stay on this core)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def encode_window(model, mel: np.ndarray) -> list:
+    """The cross-attention keys/values of one (n_mels, frames) window (encoder run once)."""
+    return model.cross_kv(model.encode(mel[None]))
+
+
+def detect_language(model, cross: list, st: SpecialTokens) -> str:
+    """The most likely language code after <|startoftranscript|> (multilingual models)."""
+    if not st.languages:
+        return "en"
+    logits = model.decode(np.array([[st.sot]]), cross).numpy()[0, -1]
+    codes = list(st.languages)
+    return codes[int(np.argmax(logits[[st.languages[c] for c in codes]]))]
+
+
+def decode_tokens(
     model,
-    mel: np.ndarray,
+    cross: list,
     st: SpecialTokens,
     opts: DecodingOptions,
-    temperature: float,
-    rng_seed=None,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> tuple[list[int], float]:
-    """Decode one (n_mels, 3000) window: (generated tokens without EOT, mean log-prob)."""
+    """Decode one encoded window: (generated tokens without EOT, mean log-prob per token)."""
     cfg = model.config
-    cross = model.cross_kv(model.encode(mel[None]))
     prompt = st.prompt(opts.language, opts.task, opts.timestamps)
     limit = min(opts.max_new_tokens, cfg.max_target_positions - len(prompt))
     cache = model.new_cache(1, len(prompt) + limit)
     suppress = st.suppressed(cfg.suppress_tokens)
     begin = np.array([i for i in (cfg.begin_suppress_tokens or (220, st.eot)) if i < st.vocab_size])
-    sampler = Sampler(SamplingParams(temperature=temperature, seed=rng_seed))
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=seed))
     max_initial = int(round(opts.max_initial_timestamp / TIME_PRECISION))
     gen: list[int] = []
     total_lp = 0.0
     ids = prompt
-    for _ in range(limit):
-        logits = model.decode(np.array([ids]), cross, cache).numpy()[0, -1].astype(np.float32)
-        logits[suppress] = -np.inf
-        if not gen and opts.suppress_blank:
-            logits[begin] = -np.inf
-        if opts.timestamps:
-            _timestamp_rules(logits, gen, st, max_initial)
-        else:
-            logits[st.timestamp_begin :] = -np.inf
-        tok = sampler(logits)
-        total_lp += float(_log_softmax(logits)[tok])
-        if tok == st.eot:
-            break
-        gen.append(tok)
-        ids = [tok]
+    with _single_thread_blas():  # one-row products: threads only add sync cost
+        for _ in range(limit):
+            logits = model.decode(np.array([ids]), cross, cache).numpy()[0, -1].astype(np.float32)
+            logits[suppress] = -np.inf
+            if not gen and opts.suppress_blank:
+                logits[begin] = -np.inf
+            if opts.timestamps:
+                _timestamp_rules(logits, gen, st, max_initial)
+            else:
+                logits[st.timestamp_begin :] = -np.inf
+            tok = sampler(logits)
+            total_lp += float(_log_softmax(logits)[tok])
+            if tok == st.eot:
+                break
+            gen.append(tok)
+            ids = [tok]
     return gen, total_lp / (len(gen) + 1)
 
 
@@ -243,10 +264,10 @@ def transcribe(
     from ember.models.whisper.audio import resample
 
     opts = options or DecodingOptions()
-    for k, v in kwargs.items():
-        if not hasattr(opts, k):
-            raise TypeError(f"transcribe: unknown option {k!r}")
-        setattr(opts, k, v)
+    unknown = set(kwargs) - {f.name for f in fields(DecodingOptions)}
+    if unknown:
+        raise TypeError(f"transcribe: unknown options {sorted(unknown)}")
+    opts = replace(opts, **kwargs)
     t0 = time.perf_counter()
     x = np.asarray(audio, dtype=np.float32)
     if x.ndim == 2:
@@ -255,7 +276,7 @@ def transcribe(
         x = resample(x, sample_rate, SAMPLE_RATE)
     st = SpecialTokens(tokenizer, model.config.vocab_size)
     n_mels = model.config.num_mel_bins
-    timings = {"features": 0.0, "decode": 0.0}
+    timings = {"features": 0.0, "encode": 0.0, "decode": 0.0}
     segments: list[Segment] = []
     all_tokens: list[int] = []
     seek = 0  # in samples
@@ -265,10 +286,15 @@ def transcribe(
         mel = log_mel_spectrogram(chunk, n_mels)
         timings["features"] += time.perf_counter() - t
         t = time.perf_counter()
+        cross = encode_window(model, mel)
+        if st.multilingual and opts.language is None:
+            opts = replace(opts, language=detect_language(model, cross, st))
+        timings["encode"] += time.perf_counter() - t
+        t = time.perf_counter()
         tokens: list[int] = []
         for i, temp in enumerate(opts.temperatures()):
             seed = None if opts.seed is None else opts.seed + i
-            tokens, avg_lp = decode_window(model, mel, st, opts, temp, seed)
+            tokens, avg_lp = decode_tokens(model, cross, st, opts, temp, seed)
             text = tokenizer.decode([tok for tok in tokens if tok < st.eot])
             too_rep = (
                 opts.compression_ratio_threshold is not None
@@ -309,6 +335,7 @@ def transcribe(
 
 
 __all__ = [
-    "DecodingOptions", "Segment", "TranscriptionResult", "SpecialTokens", "decode_window",
+    "DecodingOptions", "Segment", "TranscriptionResult", "SpecialTokens", "encode_window",
+    "decode_tokens", "detect_language",
     "transcribe", "compression_ratio", "N_FRAMES",
 ]  # fmt: skip
