@@ -16,12 +16,20 @@ where numba is absent (EMBER_NO_NUMBA=1).
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 
 from ember.backends.cpu.kernels import numba_or_none
 
 _K: dict | None = None
+# erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (|error| < 2e-7; Eigen's float erf, also PyTorch's)
+_ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+              -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+              -1.60960333262415e-02)  # fmt: skip
+_ERF_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+             -7.37332916720468e-03, -1.42647390514189e-02)  # fmt: skip
+_RSQRT2 = 0.7071067811865476
 # below this many rows the kernels run on one thread (thread hand-off costs more than it saves)
 PARALLEL_ROWS = 64
 
@@ -45,23 +53,24 @@ def _build() -> dict:
             if n <= 0:
                 continue
             qo, ko, vo = h * hd, hidden + h * hd, 2 * hidden + h * hd
+            q = np.empty((n, hd), np.float32)
             kt = np.empty((hd, n), np.float32)
             v = np.empty((n, hd), np.float32)
             for j in range(n):
+                row = qkv[s0 + j]
                 for e in range(hd):
-                    kt[e, j] = qkv[s0 + j, ko + e] + bias[ko + e]
-                    v[j, e] = qkv[s0 + j, vo + e] + bias[vo + e]
-            q = np.empty(hd, np.float32)
+                    q[j, e] = (row[qo + e] + bias[qo + e]) * scale
+                    kt[e, j] = row[ko + e] + bias[ko + e]
+                    v[j, e] = row[vo + e] + bias[vo + e]
             s = np.empty(n, np.float32)
-            o = np.empty(hd, np.float32)
             for i in range(n):
-                for e in range(hd):
-                    q[e] = (qkv[s0 + i, qo + e] + bias[qo + e]) * scale
+                qi = q[i]
                 s[:] = 0.0
-                for e in range(hd):
-                    qe = q[e]
+                for e in range(hd):  # scores: j innermost, contiguous in kt
+                    qe = qi[e]
+                    ke = kt[e]
                     for j in range(n):
-                        s[j] += qe * kt[e, j]
+                        s[j] += qe * ke[j]
                 mx = s[0]
                 for j in range(1, n):
                     mx = max(mx, s[j])
@@ -70,13 +79,13 @@ def _build() -> dict:
                     s[j] = np.exp(s[j] - mx)
                     den += s[j]
                 inv = np.float32(1.0) / den
+                o = out[s0 + i, qo : qo + hd]
                 o[:] = 0.0
-                for j in range(n):
+                for j in range(n):  # weighted values: e innermost, contiguous in v
                     w = s[j] * inv
+                    vj = v[j]
                     for e in range(hd):
-                        o[e] += w * v[j, e]
-                for e in range(hd):
-                    out[s0 + i, qo + e] = o[e]
+                        o[e] += w * vj[e]
 
     def add_ln(x, h, bias, w, beta, eps):  # pragma: no cover - compiled
         rows, cols = x.shape
@@ -95,12 +104,29 @@ def _build() -> dict:
             for c in range(cols):
                 x[r, c] = np.float32((h[r, c] - mean) * rstd) * w[c] + beta[c]
 
+    a1, a3, a5, a7, a9, a11, a13 = (np.float32(c) for c in _ERF_ALPHA)
+    b0, b2, b4, b6, b8 = (np.float32(c) for c in _ERF_BETA)
+    half, one, four, rsqrt2 = np.float32(0.5), np.float32(1.0), np.float32(4.0), np.float32(_RSQRT2)
+
     def bias_gelu(u, bias):  # pragma: no cover - compiled
         rows, cols = u.shape
         for r in prange(rows):
             for c in range(cols):
                 t = u[r, c] + bias[c]
-                u[r, c] = np.float32(0.5) * t * (np.float32(1.0) + math.erf(t * 0.7071067811865476))
+                # erf(t / sqrt 2) as a rational function in float32 (branch-free: vectorizes)
+                x = min(max(t * rsqrt2, -four), four)
+                x2 = x * x
+                p = x2 * a1 + a3
+                p = x2 * p + a5
+                p = x2 * p + a7
+                p = x2 * p + a9
+                p = x2 * p + a11
+                p = x2 * p + a13
+                q = x2 * b0 + b2
+                q = x2 * q + b4
+                q = x2 * q + b6
+                q = x2 * q + b8
+                u[r, c] = half * t * (one + x * p / q)
 
     def embed_ln(word, pos, typ, ids, pids, tids, w, beta, eps, out):  # pragma: no cover
         rows, cols = out.shape
@@ -121,14 +147,13 @@ def _build() -> dict:
                 out[r, c] = np.float32((out[r, c] - mean) * rstd) * w[c] + beta[c]
 
     kernels = {}
-    for name, f in (
-        ("attention", attention),
-        ("add_ln", add_ln),
-        ("bias_gelu", bias_gelu),
-        ("embed_ln", embed_ln),
-    ):
-        kernels[name] = njit(cache=True, nogil=True, parallel=True)(f)
-        kernels[name + "_serial"] = njit(cache=True, nogil=True)(f)
+    for f in (attention, add_ln, bias_gelu, embed_ln):
+        kernels[f.__name__] = njit(cache=True, nogil=True, error_model="numpy", parallel=True)(f)
+        # numba's on-disk cache tells functions apart by qualified name, not by options: the
+        # one-thread variant is a copy of the function under another name
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        g.__qualname__ = f.__qualname__ + "_serial"
+        kernels[f.__name__ + "_serial"] = njit(cache=True, nogil=True, error_model="numpy")(g)
     return kernels
 
 
