@@ -1,0 +1,159 @@
+"""ResNet-50 inference latency: ember (fused, channels-last) vs torch eager (NCHW and channels_last)
+vs onnxruntime, random weights, eval mode, float32, 224x224, the same inputs in one process.
+
+ember runs `optimize_for_inference(resnet50(weights=twin.state_dict()))`; torch runs a twin with
+torchvision's module tree (tests/models/vision/twins.py; torchvision is not installable next to
+torch 2.13 here); onnxruntime runs that twin exported to ONNX (skipped if onnx/onnxruntime are
+missing: `pip install ember[bench]`). All use --threads threads (ember.set_num_threads,
+torch.set_num_threads, ORT intra-op threads). Engines are interleaved call by call so that load
+from other jobs hits them alike; the median and best of --repeat calls are reported, with ratios
+to torch eager, and the table and the command go to bench/RESULTS.md.
+
+    .venv/bin/python bench/vision.py [--batch 1 8] [--threads 2] [--repeat 15] [--no-append]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+
+def build_engines(threads: int, size: int, batches: list[int]) -> dict:
+    """name -> (callable(x_numpy) -> logits numpy) for every engine available."""
+    import torch
+    from tests.models.vision import twins
+
+    import ember
+    from ember.models.fuse import optimize_for_inference
+    from ember.models.vision import resnet50
+
+    torch.set_num_threads(threads)
+    ember.set_num_threads(threads)
+    torch.manual_seed(0)
+    tm = twins.randomize_bn(twins.resnet("resnet50")).eval()
+    em = optimize_for_inference(resnet50(weights=twins.to_numpy_state(tm)), inplace=True)
+    tcl = twins.randomize_bn(twins.resnet("resnet50")).eval()
+    tcl.load_state_dict(tm.state_dict())
+    tcl = tcl.to(memory_format=torch.channels_last)
+
+    def run_torch(x):
+        with torch.inference_mode():
+            return tm(torch.from_numpy(x)).numpy()
+
+    def run_torch_cl(x):
+        with torch.inference_mode():
+            return tcl(torch.from_numpy(x).to(memory_format=torch.channels_last)).numpy()
+
+    def run_ember(x):
+        return em(ember.from_numpy(x)).numpy()
+
+    engines = {"ember": run_ember, "torch eager": run_torch, "torch channels_last": run_torch_cl}
+    ort = _onnxruntime(tm, threads, size)
+    if ort is not None:
+        engines["onnxruntime"] = ort
+    return engines
+
+
+def _onnxruntime(tm, threads: int, size: int):
+    try:
+        import onnxruntime as ort
+        import torch
+    except ImportError:
+        print("onnxruntime not installed: skipped (pip install ember[bench])", file=sys.stderr)
+        return None
+    path = os.path.join(tempfile.mkdtemp(prefix="ember-bench-"), "resnet50.onnx")
+    x = torch.zeros(1, 3, size, size)
+    torch.onnx.export(
+        tm, (x,), path, input_names=["x"], output_names=["y"], dynamo=False,
+        dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}, opset_version=17,
+    )  # fmt: skip
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return lambda a: sess.run(None, {"x": a})[0]
+
+
+def measure(engines: dict, x: np.ndarray, repeat: int, warmup: int = 2) -> dict:
+    """name -> list of seconds, engines interleaved call by call; checks they agree."""
+    outs = {}
+    for name, fn in engines.items():
+        for _ in range(warmup):
+            outs[name] = fn(x)
+    ref = outs["torch eager"]
+    for name, y in outs.items():
+        err = float(np.abs(y - ref).max())
+        if err > 1e-3 * max(1.0, float(np.abs(ref).max())):
+            raise SystemExit(f"{name} disagrees with torch eager: max |diff| {err}")
+    times = {name: [] for name in engines}
+    for _ in range(repeat):
+        for name, fn in engines.items():
+            t = time.perf_counter()
+            fn(x)
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def torch_info() -> str:
+    """torch's math backends (its BLAS is MKL/oneDNN, not visible to threadpoolctl as numpy's)."""
+    import torch
+
+    lines = torch.__config__.parallel_info().splitlines()
+    keep = [s.strip() for s in lines if "MKL" in s or "OpenMP" in s or "backend" in s]
+    return "; ".join(keep)
+
+
+def main() -> None:
+    """Run the benchmark and print/append the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--no-append", action="store_true", help="print only, leave RESULTS.md alone")
+    args = ap.parse_args()
+    from _common import append, blas_info
+
+    engines = build_engines(args.threads, args.size, args.batch)
+    rows = []
+    for b in args.batch:
+        x = np.random.default_rng(b).standard_normal((b, 3, args.size, args.size), np.float32)
+        times = measure(engines, x, args.repeat if b == 1 else max(3, args.repeat // 2))
+        base = statistics.median(times["torch eager"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            rows.append(
+                f"| {b} | {name} | {med * 1e3:.1f} | {min(ts) * 1e3:.1f} | "
+                f"{med / base:.2f}x | {b / med:.1f} |"
+            )
+            print(rows[-1], flush=True)
+    head = "| batch | engine | median ms | best ms | vs torch eager | images/s |\n"
+    head += "|---" * 6 + "|"
+    table = head + "\n" + "\n".join(rows)
+    from threadpoolctl import threadpool_info
+
+    libs = sorted({os.path.basename(d["filepath"]) for d in threadpool_info()})
+    notes = (
+        f"\nResNet-50, random weights, eval, float32, {args.size}x{args.size}, {args.threads} "
+        f"threads everywhere; ember = optimize_for_inference (BN folded, NHWC, fused epilogues).\n"
+        f"- ember BLAS (threadpoolctl): {blas_info()}\n- torch: {torch_info()}\n"
+        f"- thread pools loaded: {', '.join(libs)}\n"
+    )
+    print(table + notes)
+    if not args.no_append:
+        append("vision: ResNet-50 latency, ember vs torch vs onnxruntime", table + "\n" + notes)
+
+
+if __name__ == "__main__":
+    main()
