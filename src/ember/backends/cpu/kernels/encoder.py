@@ -31,7 +31,11 @@ _ERF_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03
              -7.37332916720468e-03, -1.42647390514189e-02)  # fmt: skip
 _RSQRT2 = 0.7071067811865476
 # below this many rows the kernels run on one thread (thread hand-off costs more than it saves)
-PARALLEL_ROWS = 64
+# The kernels run between BLAS calls. Handing work from BLAS's thread pool to numba's and back
+# costs more than these row-wise passes take, so they run on the calling thread; attention, whose
+# work grows with the square of the sequence length, uses numba's threads once a batch holds
+# at least this many multiply-adds (hidden * sum of squared lengths).
+PARALLEL_ATTENTION_WORK = 1 << 24
 
 
 def _build() -> dict:
@@ -146,25 +150,23 @@ def _build() -> dict:
             for c in range(cols):
                 out[r, c] = np.float32((out[r, c] - mean) * rstd) * w[c] + beta[c]
 
-    kernels = {}
-    for f in (attention, add_ln, bias_gelu, embed_ln):
-        kernels[f.__name__] = njit(cache=True, nogil=True, error_model="numpy", parallel=True)(f)
-        # numba's on-disk cache tells functions apart by qualified name, not by options: the
-        # one-thread variant is a copy of the function under another name
-        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-        g.__qualname__ = f.__qualname__ + "_serial"
-        kernels[f.__name__ + "_serial"] = njit(cache=True, nogil=True, error_model="numpy")(g)
+    opts = dict(cache=True, nogil=True, error_model="numpy")
+    kernels = {f.__name__: njit(**opts)(f) for f in (attention, add_ln, bias_gelu, embed_ln)}
+    # numba's on-disk cache tells functions apart by qualified name, not by options: the
+    # multi-threaded variant is a copy of the function under another name
+    g = types.FunctionType(attention.__code__, attention.__globals__, "attention_parallel",
+                           None, attention.__closure__)  # fmt: skip
+    g.__qualname__ = attention.__qualname__ + "_parallel"
+    kernels["attention_parallel"] = njit(parallel=True, **opts)(g)
     return kernels
 
 
-def _kernel(name: str, rows: int):
-    """The compiled kernel (parallel when rows is large enough), or None without numba."""
+def _kernel(name: str):
+    """The compiled kernel, or None without numba."""
     global _K
     if _K is None:
         _K = _build()
-    if not _K:
-        return None
-    return _K[name if rows >= PARALLEL_ROWS else name + "_serial"]
+    return _K.get(name) if _K else None
 
 
 # --- numpy references -------------------------------------------------------------------------
@@ -227,7 +229,9 @@ def packed_attention(
     qkv: np.ndarray, bias: np.ndarray, cu: np.ndarray, num_heads: int, scale: float
 ) -> np.ndarray:
     """Self-attention within each packed sequence (rows cu[b]:cu[b+1]); returns (tokens, H)."""
-    k = _kernel("attention", qkv.shape[0])
+    n = np.diff(cu)
+    work = qkv.shape[1] // 3 * int((n * n).sum())
+    k = _kernel("attention_parallel" if work >= PARALLEL_ATTENTION_WORK else "attention")
     if k is None:
         return packed_attention_reference(qkv, bias, cu, num_heads, scale)
     out = np.empty((qkv.shape[0], qkv.shape[1] // 3), np.float32)
@@ -237,7 +241,7 @@ def packed_attention(
 
 def add_layer_norm_(x, h, bias, w, beta, eps: float) -> np.ndarray:
     """x <- layer_norm(x + h + bias) in place (h is used as scratch); returns x."""
-    k = _kernel("add_ln", x.shape[0])
+    k = _kernel("add_ln")
     if k is None:
         x[...] = add_layer_norm_reference(x, h, bias, w, beta, eps)
     else:
@@ -247,7 +251,7 @@ def add_layer_norm_(x, h, bias, w, beta, eps: float) -> np.ndarray:
 
 def bias_gelu_(u: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """u <- gelu(u + bias) in place; returns u."""
-    k = _kernel("bias_gelu", u.shape[0])
+    k = _kernel("bias_gelu")
     if k is None:
         u[...] = bias_gelu_reference(u, bias)
     else:
@@ -257,7 +261,7 @@ def bias_gelu_(u: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 def embed_layer_norm(word, pos, typ, ids, pids, tids, w, beta, eps: float) -> np.ndarray:
     """layer_norm(word[ids] + pos[pids] + typ[tids]) for 1-d index arrays; (len(ids), H)."""
-    k = _kernel("embed_ln", len(ids))
+    k = _kernel("embed_ln")
     if k is None:
         return embed_layer_norm_reference(word, pos, typ, ids, pids, tids, w, beta, eps)
     out = np.empty((len(ids), word.shape[1]), np.float32)
