@@ -113,6 +113,7 @@ def test_conv_batch_chunks(monkeypatch):
     """Chunking the batch (bounded im2col buffer) gives the same values and gradients."""
     monkeypatch.setattr(conv_mod, "_CHUNK_BYTES", 1)
     monkeypatch.setattr(conv_mod, "_BAND_BYTES", 200)  # forward: bands of a few output rows
+    monkeypatch.setattr(conv_mod, "_BAND_ABOVE", 0)
     for kw, ws in (
         (dict(padding=2, dilation=2, groups=2), (6, 2, 3, 3)),
         (dict(stride=(2, 1), padding=(1, 0)), (3, 4, 3, 2)),

@@ -21,6 +21,7 @@ _LOW = (np.dtype(np.float16), _dt.bfloat16.np)
 _F32 = np.dtype(np.float32)
 _CHUNK_BYTES = 8 << 20  # backward: im2col buffer budget per batch chunk
 _BAND_BYTES = 4 << 20  # forward: im2col budget per band of output rows (measured: 2-4 MiB best)
+_BAND_ABOVE = 16 << 20  # ...used only when one sample's im2col exceeds this (fewer BLAS calls)
 
 
 def _up(a: np.ndarray) -> np.ndarray:
@@ -185,8 +186,8 @@ def _conv_fwd(x4: np.ndarray, w4: np.ndarray, geom: Geom) -> np.ndarray:
         np.matmul(wm, xs.reshape(n, g, cg, oh * ow), out=out3)
         return out
     row = c * kh * kw * ow * x4.itemsize  # im2col bytes per output row of one sample
-    if oh * row <= _BAND_BYTES:  # whole samples per chunk
-        for a, e in _chunks(n, oh * row, _BAND_BYTES):
+    if oh * row <= max(_BAND_ABOVE, _BAND_BYTES):  # whole samples per chunk
+        for a, e in _chunks(n, oh * row, _CHUNK_BYTES):
             cols = im2col(x4[a:e], k, s, d, pad, (oh, ow))
             np.matmul(wm, cols.reshape(e - a, g, cg * kh * kw, oh * ow), out=out3[a:e])
         return out
