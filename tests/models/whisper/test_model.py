@@ -100,27 +100,36 @@ def test_kv_cache_steps_equal_the_full_pass(pair, encoded):
     assert tuple(k.shape) == tuple(v.shape) == (1, 6, 1500, 64)
 
 
-@pytest.mark.parametrize("frames", [74, 40])  # the full window, and a shorter input
-def test_random_small_config_matches_transformers(frames):
-    cfg = dict(
-        vocab_size=101,
-        num_mel_bins=13,
-        d_model=48,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=3,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=72,
-        decoder_ffn_dim=56,
-        max_source_positions=37,
-        max_target_positions=21,
-    )
+SMALL = dict(
+    vocab_size=101,
+    num_mel_bins=13,
+    d_model=48,
+    encoder_layers=2,
+    decoder_layers=3,
+    encoder_attention_heads=3,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=72,
+    decoder_ffn_dim=56,
+    max_source_positions=37,
+    max_target_positions=21,
+)
+
+
+def small_hf():
+    """A randomly initialised transformers Whisper of awkward sizes."""
     torch.manual_seed(0)
     special = dict(pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=3)
-    hf = HFWhisper(HFConfig(**cfg, **special)).eval()
+    hf = HFWhisper(HFConfig(**SMALL, **special)).eval()
     with torch.no_grad():  # non-zero k/v/q biases and norms, so every parameter matters
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+    return hf
+
+
+@pytest.mark.parametrize("frames", [74, 40])  # the full window, and a shorter input
+def test_random_small_config_matches_transformers(frames):
+    cfg = SMALL
+    hf = small_hf()
     sd = {k: v.numpy() for k, v in hf.state_dict().items()}
     model = WhisperForConditionalGeneration.from_state_dict(WhisperConfig.from_dict(cfg), sd)
     rng = np.random.default_rng(frames)
@@ -140,6 +149,21 @@ def test_random_small_config_matches_transformers(frames):
         ref = hf.proj_out(out.last_hidden_state).numpy()
     assert enc.shape == (2, frames // 2, 48)
     np.testing.assert_allclose(logits, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_hf_folder_from_save_pretrained(tmp_path):
+    hf = small_hf()
+    hf.save_pretrained(tmp_path)  # config.json + model.safetensors (proj_out tied, not stored)
+    model = WhisperForConditionalGeneration.from_pretrained(tmp_path)
+    assert model.config.d_model == 48 and model.config.decoder_layers == 3
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 13, 74)).astype(np.float32)
+    ids = rng.integers(0, 101, (1, 5))
+    with torch.no_grad():
+        ref = hf(input_features=torch.from_numpy(x), decoder_input_ids=torch.from_numpy(ids))
+    np.testing.assert_allclose(model(x, ids).numpy(), ref.logits.numpy(), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ember.errors.FormatError):
+        WhisperForConditionalGeneration.from_pretrained(tmp_path / "nothing")
 
 
 def test_input_checks(whisper):
