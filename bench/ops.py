@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 import time
@@ -21,17 +22,19 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 import ember
 
-THREADS = 2
+THREADS = 2  # default; --threads changes it
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-def timeit(fn, repeat: int, min_time: float = 0.05) -> float:
-    """Best (min) seconds per call over `repeat` rounds, each long enough to time reliably.
+def timeit(fn, repeat: int, min_time: float = 0.002) -> float:
+    """Best (min) seconds per call over `repeat` short rounds (>= min_time each).
 
-    The minimum filters out interference from other processes (timeit's advice).
+    Short rounds and the minimum keep the figure honest on a shared machine: a round that a
+    descheduled BLAS thread stalls is simply not the best one (timeit's advice).
     """
-    fn()
-    n, t0 = 1, time.perf_counter()
+    for _ in range(3):
+        fn()
+    t0 = time.perf_counter()
     fn()
     one = max(time.perf_counter() - t0, 1e-7)
     n = max(1, int(min_time / one))
@@ -140,13 +143,17 @@ def cases(rng: np.random.Generator) -> list:
 def main() -> None:
     """Run the cases, print the table, append it to bench/RESULTS.md."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=7, help="timing rounds per op (the best is kept)")
+    ap.add_argument(
+        "--repeat", type=int, default=50, help="timing rounds per op (the best is kept)"
+    )
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
+    ap.add_argument("--threads", type=int, default=THREADS, help="BLAS/torch threads on both sides")
     args = ap.parse_args()
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     lines = ["| op (best of rounds) | ember | torch | ember/torch |", "|---|---:|---:|---:|"]
-    with threadpool_limits(limits=THREADS, user_api="blas"), ember.no_grad(), torch.no_grad():
+    load0 = os.getloadavg()[0]
+    with threadpool_limits(limits=args.threads, user_api="blas"), ember.no_grad(), torch.no_grad():
         blas = blas_info()
         for case in cases(rng):
             name, fe, ft = case[:3]
@@ -154,7 +161,10 @@ def main() -> None:
             if fe is None:
                 lines.append(f"| {name} | n/a (not in ember yet) | | |")
                 continue
-            te, tt = timeit(fe, args.repeat), timeit(ft, args.repeat)
+            te = timeit(fe, args.repeat)
+            time.sleep(0.2)  # let OpenBLAS's spinning threads park before torch's OpenMP pool runs
+            tt = timeit(ft, args.repeat)
+            time.sleep(0.2)
             k = 1e6 if unit == "us" else 1e3
             lines.append(f"| {name} | {te * k:.3f} {unit} | {tt * k:.3f} {unit} | {te / tt:.2f} |")
     exe = Path(sys.executable)
@@ -166,7 +176,9 @@ def main() -> None:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     head = (
         f"### bench/ops.py — {stamp}\n\n`{cmd}`\n\n"
-        f"{platform.processor() or platform.machine()}, {THREADS} threads; numpy {np.__version__}, "
+        f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
+        f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f} (shared machine: BLAS timings with "
+        f"threads > 1 degrade badly when the load exceeds the cores); numpy {np.__version__}, "
         f"torch {torch.__version__}\n\nBLAS: {blas}\n"
     )
     table = "\n".join(lines)
