@@ -55,11 +55,16 @@ def run(args) -> int:
     else:
         print(res.text)
     if args.verbose:
+        storage = getattr(model, "storage", None)
+        if storage:
+            kinds = ", ".join(f"{k} x{n} ({b / 1e6:.1f} MB)" for k, (n, b) in storage.items())
+            print(f"{model.source}: stored as {kinds}; computing in float32", file=sys.stderr)
         total = res.timings["total"]
         rtf = total / res.audio_seconds if res.audio_seconds else float("nan")
         print(
             f"load {t_load:.2f} s, audio {res.audio_seconds:.2f} s, transcribe {total:.2f} s "
-            f"(features {res.timings['features']:.2f} s), real-time factor {rtf:.3f}",
+            f"(features {res.timings['features']:.2f} s, encoder {res.timings['encode']:.2f} s, "
+            f"decoder {res.timings['decode']:.2f} s), real-time factor {rtf:.3f}",
             file=sys.stderr,
         )
     return 0
