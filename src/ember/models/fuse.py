@@ -33,6 +33,7 @@ from ember import nn
 from ember.autograd import no_grad
 from ember.backends.cpu.kernels import conv_nhwc as K
 from ember.errors import UnsupportedError
+from ember.models._workers import blas_single_thread, get_pool
 from ember.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
@@ -46,6 +47,28 @@ def _scratch_buffer(size: int) -> np.ndarray:
         buf = np.empty(size, _F32)
         _scratch.buf = buf
     return buf[:size]
+
+
+ROW_BLOCK_PIXELS = 256  # output pixels per block: the block's im2col rows stay in L2
+ROW_MODE_MIN_PIXELS = 512  # below this a conv splits its GEMM by output channels instead
+
+
+def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
+    """Boundaries of near-equal blocks of output rows, ~ROW_BLOCK_PIXELS pixels each."""
+    nblocks = max(1, -(-rows * ow // ROW_BLOCK_PIXELS))
+    if threads > 1:
+        nblocks = max(nblocks, min(rows, 2 * threads))
+    per = -(-rows // nblocks)
+    return list(range(0, rows, per)) + [rows]
+
+
+def _col_blocks(cols: int, threads: int) -> list[int]:
+    """Boundaries splitting `cols` output channels among threads (multiples of 16)."""
+    if threads == 1 or cols < 32:
+        return [0, cols]
+    per = -(-cols // threads)
+    per = -(-per // 16) * 16
+    return list(range(0, cols, per)) + [cols]
 
 
 def nhwc(x: Tensor) -> np.ndarray:
@@ -119,27 +142,67 @@ class FusedConv2d(nn.Module):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         pt, pb, pl, pr = self._pads(h, w)
         oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
-        o = self.out_channels
+        o, m = self.out_channels, n * oh * ow
         out = np.empty((n, oh, ow, o), _F32)
-        res = None if residual is None else nhwc(residual).reshape(n * oh * ow, o)
+        res = None if residual is None else nhwc(residual).reshape(m, o)
+        pool = get_pool()
         if self.depthwise:
-            K.depthwise(
-                a, self.w_np, self.bias_np, out, sh, sw, pt, pl, self._act if res is None else 0
-            )
-            if res is not None:
-                K.epilogue(out.reshape(-1, o), np.zeros(o, _F32), res, self._act)
+            self._depthwise(a, out, res, pool, (sh, sw, pt, pl))
             return channels_last(out)
-        m = n * oh * ow
-        if kh == kw == 1 and not (pt or pb or pl or pr):
+        y = out.reshape(m, o)
+        w2, bias, act = self.w_np, self.bias_np, self._act
+        one = kh == kw == 1 and not (pt or pb or pl or pr)
+        if one:
             src = a if sh == sw == 1 else np.ascontiguousarray(a[:, ::sh, ::sw][:, :oh, :ow])
             src = src.reshape(m, c)
-        else:
-            src = _scratch_buffer(m * kh * kw * c).reshape(m, kh * kw * c)
-            K.im2col(a, src, kh, kw, sh, sw, pt, pl, oh, ow)
-        y = out.reshape(m, o)
-        np.matmul(src, self.w_np, out=y)
-        K.epilogue(y, self.bias_np, res, self._act)
+        bounds = _row_blocks(n * oh, ow, pool.n) if m >= ROW_MODE_MIN_PIXELS else None
+        if bounds is not None:  # blocks of output rows: im2col -> GEMM -> epilogue, in cache
+
+            def task(i: int) -> None:
+                r0, r1 = bounds[i], bounds[i + 1]
+                p0, p1 = r0 * ow, r1 * ow
+                if one:
+                    s = src[p0:p1]
+                else:
+                    s = _scratch_buffer((p1 - p0) * w2.shape[0]).reshape(p1 - p0, -1)
+                    K.im2col(a, s, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
+                yy = y[p0:p1]
+                np.matmul(s, w2, out=yy)
+                K.epilogue(yy, bias, None if res is None else res[p0:p1], act)
+
+            ntasks = len(bounds) - 1
+        else:  # few pixels (deep layers): one im2col, the GEMM split by output channels
+            if not one:
+                src = _scratch_buffer(m * w2.shape[0]).reshape(m, -1)
+                K.im2col(a, src, kh, kw, sh, sw, pt, pl, oh, ow)
+            cols = _col_blocks(o, pool.n)
+
+            def task(i: int) -> None:
+                c0, c1 = cols[i], cols[i + 1]
+                yy = y[:, c0:c1]
+                np.matmul(src, w2[:, c0:c1], out=yy)
+                K.epilogue(yy, bias[c0:c1], None if res is None else res[:, c0:c1], act)
+
+            ntasks = len(cols) - 1
+        with blas_single_thread():
+            pool.run(task, ntasks)
         return channels_last(out)
+
+    def _depthwise(self, a, out, res, pool, geom) -> None:
+        n, oh, ow, o = out.shape
+        sh, sw, pt, pl = geom
+        bounds = _row_blocks(n * oh, ow, pool.n)
+        act = self._act if res is None else 0
+        zero = np.zeros(o, _F32) if res is not None else None
+
+        def task(i: int) -> None:
+            r0, r1 = bounds[i], bounds[i + 1]
+            K.depthwise(a, self.w_np, self.bias_np, out, sh, sw, pt, pl, act, r0, r1)
+            if res is not None:
+                rows = out.reshape(-1, o)[r0 * ow : r1 * ow]
+                K.epilogue(rows, zero, res[r0 * ow : r1 * ow], self._act)
+
+        pool.run(task, len(bounds) - 1)
 
     def extra_repr(self) -> str:
         """Channels, kernel, stride, padding, activation."""
@@ -224,7 +287,12 @@ class MaxPool2dNHWC(nn.Module):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
         out = np.empty((n, oh, ow, c), _F32)
-        K.maxpool(a, out, kh, kw, sh, sw, ph, pw)
+        bounds = _row_blocks(n * oh, ow, get_pool().n)
+
+        def task(i: int) -> None:
+            K.maxpool(a, out, kh, kw, sh, sw, ph, pw, bounds[i], bounds[i + 1])
+
+        get_pool().run(task, len(bounds) - 1)
         return channels_last(out)
 
 

@@ -135,3 +135,46 @@ def test_fold_refuses_batchnorm_without_statistics():
     conv, bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)
     with pytest.raises(ember.errors.UnsupportedError):
         fuse_conv_bn(conv, bn)
+
+
+def test_worker_pool_runs_every_task_once_and_reraises():
+    from ember.models._workers import WorkerPool
+
+    pool = WorkerPool(3)
+    hits = np.zeros(50, int)
+
+    def task(i):
+        hits[i] += 1
+
+    pool.run(task, 50)
+    assert (hits == 1).all()
+
+    def boom(i):
+        if i == 7:
+            raise ValueError("block 7")
+
+    with pytest.raises(ValueError, match="block 7"):
+        pool.run(boom, 20)
+    pool.run(task, 50)  # still usable
+    assert (hits == 2).all()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_blocked_paths_match_torch_for_any_thread_count(threads, monkeypatch):
+    import ember.models.fuse as fz
+
+    monkeypatch.setattr(fz, "ROW_BLOCK_PIXELS", 16)  # many row blocks even on small images
+    monkeypatch.setattr(fz, "ROW_MODE_MIN_PIXELS", 40)
+    old = ember.get_num_threads()
+    ember.set_num_threads(threads)
+    try:
+        for hw in ((9, 7), (4, 4)):  # row mode, then channel-split mode
+            tconv = torch.nn.Conv2d(6, 40, 3, 1, 1)
+            x = _r(2, 6, *hw)
+            with torch.no_grad():
+                ref = torch.relu(tconv(torch.from_numpy(x))).numpy()
+            w, b = tconv.weight.detach().numpy(), tconv.bias.detach().numpy()
+            fused = FusedConv2d(w, b, (1, 1), (1, 1, 1, 1), act="relu")
+            np.testing.assert_allclose(fused(ember.from_numpy(x)).numpy(), ref, atol=1e-5)
+    finally:
+        ember.set_num_threads(old)

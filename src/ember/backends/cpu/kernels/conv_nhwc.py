@@ -5,9 +5,11 @@ These serve ember.models.fuse: with activations stored NHWC, a kxk convolution i
 a 1x1 convolution is the GEMM alone. The epilogue adds the folded-BatchNorm bias, an optional
 residual and the activation in one pass over the GEMM output.
 
-Every numba kernel has a numpy reference beside it (same name + ``_reference``) that tests compare
-against and that serves when numba is absent (EMBER_NO_NUMBA=1). Activations: 0 none, 1 ReLU,
-2 ReLU6. float32 only (the fused path casts everything to float32).
+The kernels are serial and release the GIL (nogil): ember.models.fuse splits a layer into blocks
+of output rows ``[r0, r1)`` (r = image * OH + output row) and runs the blocks on its worker threads,
+so BLAS and these kernels share one thread pool. Every numba kernel has a numpy reference beside
+it (same name + ``_reference``) that tests compare against and that serves when numba is absent
+(EMBER_NO_NUMBA=1). Activations: 0 none, 1 ReLU, 2 ReLU6. float32 only.
 """
 
 from __future__ import annotations
@@ -21,18 +23,31 @@ _K: dict = {}
 
 
 # ------------------------------------------------------------------ numpy references
-def im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
-    """x (N, H, W, C) -> out (N*OH*OW, kh*kw*C): one row per output pixel, (i, j, c) order."""
+def _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl, value=0.0):
     n, h, w, c = x.shape
     pb = max(0, (oh - 1) * sh + kh - h - pt)
     pr = max(0, (ow - 1) * sw + kw - w - pl)
-    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
-    o6 = out.reshape(n, oh, ow, kh, kw, c)
+    return np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=value)
+
+
+def _taps(xp, i, j, sh, sw, oh, ow):
+    return xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
+
+
+def _rows(a, r0, r1):
+    """Output rows [r0, r1) of an (N, OH, ...) array as ((r1 - r0), ...) (r = image * OH + row)."""
+    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])[r0:r1]
+
+
+def im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0=0, r1=-1) -> np.ndarray:
+    """x (N, H, W, C) -> out ((r1-r0)*OW, kh*kw*C): one row per output pixel, (i, j, c) order."""
+    n, c = x.shape[0], x.shape[3]
+    r1 = n * oh if r1 < 0 else r1
+    xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl)
+    o5 = out.reshape(r1 - r0, ow, kh, kw, c)
     for i in range(kh):
         for j in range(kw):
-            o6[:, :, :, i, j] = xp[
-                :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw
-            ]
+            o5[:, :, i, j] = _rows(_taps(xp, i, j, sh, sw, oh, ow), r0, r1)
     return out
 
 
@@ -52,50 +67,48 @@ def epilogue_reference(y, bias, res, act: int) -> np.ndarray:
     return _act_reference(y, act)
 
 
-def depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
+def depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act: int, r0=0, r1=-1) -> np.ndarray:
     """x (N, H, W, C), w (kh, kw, C), bias (C,) -> out (N, OH, OW, C) = act(dwconv + bias)."""
-    n, h, wd, c = x.shape
     kh, kw, _ = w.shape
-    oh, ow = out.shape[1:3]
-    pb = max(0, (oh - 1) * sh + kh - h - pt)
-    pr = max(0, (ow - 1) * sw + kw - wd - pl)
-    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
-    out[...] = bias
+    n, oh, ow = out.shape[:3]
+    r1 = n * oh if r1 < 0 else r1
+    xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl)
+    o = _rows(out, r0, r1)
+    o[...] = bias
     for i in range(kh):
         for j in range(kw):
-            out += xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] * w[i, j]
-    return _act_reference(out, act)
+            o += _rows(_taps(xp, i, j, sh, sw, oh, ow), r0, r1) * w[i, j]
+    _act_reference(o, act)
+    return out
 
 
-def maxpool_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
+def maxpool_reference(x, out, kh, kw, sh, sw, pt, pl, r0=0, r1=-1) -> np.ndarray:
     """x (N, H, W, C) -> out (N, OH, OW, C), padding counts as -inf (torch's max_pool2d)."""
-    n, h, w, c = x.shape
-    oh, ow = out.shape[1:3]
-    pb = max(0, (oh - 1) * sh + kh - h - pt)
-    pr = max(0, (ow - 1) * sw + kw - w - pl)
-    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=-np.inf)
-    out[...] = -np.inf
+    n, oh, ow = out.shape[:3]
+    r1 = n * oh if r1 < 0 else r1
+    xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl, -np.inf)
+    o = _rows(out, r0, r1)
+    o[...] = -np.inf
     for i in range(kh):
         for j in range(kw):
-            v = xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
-            np.maximum(out, v, out=out)
+            np.maximum(o, _rows(_taps(xp, i, j, sh, sw, oh, ow), r0, r1), out=o)
     return out
 
 
 # ------------------------------------------------------------------ numba kernels
 def _build(nb):
-    opts = dict(parallel=True, nogil=True, cache=True, fastmath=True)
+    opts = dict(nogil=True, cache=True, fastmath=True)
 
     @nb.njit(**opts)
-    def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow):  # pragma: no cover - compiled
+    def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1):  # pragma: no cover - compiled
         n, h, w, c = x.shape
         xf = x.reshape(n, h, w * c)
         seg = kw * c
-        for r in nb.prange(n * oh):
+        for r in range(r0, r1):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
-                row = out[r * ow + xo]
+                row = out[(r - r0) * ow + xo]
                 iw0 = xo * sw - pl
                 j_lo = max(0, -iw0)
                 j_hi = min(kw, w - iw0)
@@ -110,9 +123,9 @@ def _build(nb):
                         row[d0 + t] = 0.0
                     src = xf[b, ih]
                     s0 = (iw0 + j_lo) * c
-                    ln = (j_hi - j_lo) * c
-                    for t in range(ln):
-                        row[d0 + j_lo * c + t] = src[s0 + t]
+                    d1 = d0 + j_lo * c
+                    for t in range((j_hi - j_lo) * c):
+                        row[d1 + t] = src[s0 + t]
                     for t in range(j_hi * c, seg):
                         row[d0 + t] = 0.0
         return out
@@ -120,31 +133,29 @@ def _build(nb):
     @nb.njit(**opts)
     def epilogue(y, bias, res, has_res, act):  # pragma: no cover - compiled
         m, o = y.shape
-        blk = 64
-        for bi in nb.prange((m + blk - 1) // blk):
-            for r in range(bi * blk, min(m, bi * blk + blk)):
-                row = y[r]
-                if has_res:
-                    rr = res[r]
-                    for t in range(o):
-                        row[t] += bias[t] + rr[t]
-                else:
-                    for t in range(o):
-                        row[t] += bias[t]
-                if act == 1:
-                    for t in range(o):
-                        row[t] = max(row[t], 0.0)
-                elif act == 2:
-                    for t in range(o):
-                        row[t] = min(max(row[t], 0.0), 6.0)
+        for r in range(m):
+            row = y[r]
+            if has_res:
+                rr = res[r]
+                for t in range(o):
+                    row[t] += bias[t] + rr[t]
+            else:
+                for t in range(o):
+                    row[t] += bias[t]
+            if act == 1:
+                for t in range(o):
+                    row[t] = max(row[t], 0.0)
+            elif act == 2:
+                for t in range(o):
+                    row[t] = min(max(row[t], 0.0), 6.0)
         return y
 
     @nb.njit(**opts)
-    def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
+    def depthwise(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover - compiled
         n, h, wd, c = x.shape
         kh, kw = w.shape[0], w.shape[1]
         oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(n * oh):
+        for r in range(r0, r1):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
@@ -172,10 +183,10 @@ def _build(nb):
         return out
 
     @nb.njit(**opts)
-    def maxpool(x, out, kh, kw, sh, sw, pt, pl):  # pragma: no cover - compiled
+    def maxpool(x, out, kh, kw, sh, sw, pt, pl, r0, r1):  # pragma: no cover - compiled
         n, h, w, c = x.shape
         oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(n * oh):
+        for r in range(r0, r1):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
@@ -206,33 +217,36 @@ def _kernels():
 
 
 # ------------------------------------------------------------------ dispatchers
-def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
-    """x (N, H, W, C) float32 contiguous -> out (N*OH*OW, kh*kw*C), zero padding."""
+def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0=0, r1=-1) -> np.ndarray:
+    """x (N, H, W, C) float32 contiguous -> out ((r1-r0)*OW, kh*kw*C), zero padding."""
+    r1 = x.shape[0] * oh if r1 < 0 else r1
     k = _kernels()
     if k is None:
-        return im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow)
-    return k["im2col"](x, out, kh, kw, sh, sw, pt, pl, oh, ow)
+        return im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
+    return k["im2col"](x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
 
 
 def epilogue(y: np.ndarray, bias: np.ndarray, res: np.ndarray | None, act: int) -> np.ndarray:
-    """In place: y (M, O) = act(y + bias [+ res (M, O)])."""
+    """In place: y (M, O) = act(y + bias [+ res (M, O)]); y/res may be column slices."""
     k = _kernels()
     if k is None:
         return epilogue_reference(y, bias, res, act)
     return k["epilogue"](y, bias, y if res is None else res, res is not None, act)
 
 
-def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
-    """Depthwise kxk conv over NHWC with the bias and activation fused."""
+def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int, r0=0, r1=-1) -> np.ndarray:
+    """Depthwise kxk conv over NHWC (output rows [r0, r1)) with bias and activation fused."""
+    r1 = out.shape[0] * out.shape[1] if r1 < 0 else r1
     k = _kernels()
     if k is None:
-        return depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act)
-    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+        return depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act, r0, r1)
+    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act, r0, r1)
 
 
-def maxpool(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
-    """Max pooling over NHWC (padding is -inf)."""
+def maxpool(x, out, kh, kw, sh, sw, pt, pl, r0=0, r1=-1) -> np.ndarray:
+    """Max pooling over NHWC, output rows [r0, r1) (padding is -inf)."""
+    r1 = out.shape[0] * out.shape[1] if r1 < 0 else r1
     k = _kernels()
     if k is None:
-        return maxpool_reference(x, out, kh, kw, sh, sw, pt, pl)
-    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl)
+        return maxpool_reference(x, out, kh, kw, sh, sw, pt, pl, r0, r1)
+    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl, r0, r1)
