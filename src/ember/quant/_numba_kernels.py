@@ -193,36 +193,44 @@ def mv_q6_k(w, lut, x, y, chunk):
 
 
 # ------------------------------------------------------- dequantize rows [r0, r1) to a tile
+#
+# ``unit`` is an array of ones (32 lanes). Multiplying by it changes nothing, but without a
+# float load in the loop LLVM's cost model keeps these store-only loops scalar (measured:
+# 2.8 -> 5.3 G weights/s for Q4_0 on one core). For the same reason Q8_0 converts its bytes
+# as unsigned and fixes the sign with arithmetic: an int8 cast keeps the loop scalar.
 
 
 @njit(parallel=True, **_OPTS)
-def dq_q8_0(w, lut, r0, r1, out):
+def dq_q8_0(w, lut, unit, r0, r1, out):
     """Rows r0..r1 of a Q8_0 matrix into out[(r1 - r0), K]."""
     nb = w.shape[1]
     for i in prange(r1 - r0):
         n = r0 + i
         for b in range(nb):
             d = _f16(lut, w[n, b, 0], w[n, b, 1])
+            d256 = F32(256.0) * d
             for j in range(32):
-                out[i, 32 * b + j] = d * F32(np.int8(w[n, b, 2 + j]))
+                v = w[n, b, 2 + j]  # int8 as uint8: value = v - 256 * (v >> 7), exact in f32
+                out[i, 32 * b + j] = (d * F32(U8(v)) - d256 * F32(U8(v >> 7))) * unit[j]
 
 
 @njit(parallel=True, **_OPTS)
-def dq_q4_0(w, lut, r0, r1, out):
+def dq_q4_0(w, lut, unit, r0, r1, out):
     """Rows r0..r1 of a Q4_0 matrix into out."""
     nb = w.shape[1]
     for i in prange(r1 - r0):
         n = r0 + i
         for b in range(nb):
             d = _f16(lut, w[n, b, 0], w[n, b, 1])
+            o = F32(-8.0) * d
             for j in range(16):
                 v = w[n, b, 2 + j]
-                out[i, 32 * b + j] = d * (F32(U8(v & 15)) - F32(8.0))
-                out[i, 32 * b + 16 + j] = d * (F32(U8(v >> 4)) - F32(8.0))
+                out[i, 32 * b + j] = (d * F32(U8(v & 15)) + o) * unit[j]
+                out[i, 32 * b + 16 + j] = (d * F32(U8(v >> 4)) + o) * unit[16 + j]
 
 
 @njit(parallel=True, **_OPTS)
-def dq_q4_1(w, lut, r0, r1, out):
+def dq_q4_1(w, lut, unit, r0, r1, out):
     """Rows r0..r1 of a Q4_1 matrix into out."""
     nb = w.shape[1]
     for i in prange(r1 - r0):
@@ -232,12 +240,12 @@ def dq_q4_1(w, lut, r0, r1, out):
             m = _f16(lut, w[n, b, 2], w[n, b, 3])
             for j in range(16):
                 v = w[n, b, 4 + j]
-                out[i, 32 * b + j] = d * F32(U8(v & 15)) + m
-                out[i, 32 * b + 16 + j] = d * F32(U8(v >> 4)) + m
+                out[i, 32 * b + j] = (d * F32(U8(v & 15)) + m) * unit[j]
+                out[i, 32 * b + 16 + j] = (d * F32(U8(v >> 4)) + m) * unit[16 + j]
 
 
 @njit(parallel=True, **_OPTS)
-def dq_q4_k(w, lut, r0, r1, out):
+def dq_q4_k(w, lut, unit, r0, r1, out):
     """Rows r0..r1 of a Q4_K matrix into out."""
     nb = w.shape[1]
     for i in prange(r1 - r0):
@@ -254,12 +262,12 @@ def dq_q4_k(w, lut, r0, r1, out):
                 o1 = dmin * F32(m1)
                 for j in range(32):
                     v = w[n, b, 16 + 32 * g + j]
-                    out[i, 256 * b + 64 * g + j] = d0 * F32(U8(v & 15)) - o0
-                    out[i, 256 * b + 64 * g + 32 + j] = d1 * F32(U8(v >> 4)) - o1
+                    out[i, 256 * b + 64 * g + j] = (d0 * F32(U8(v & 15)) - o0) * unit[j]
+                    out[i, 256 * b + 64 * g + 32 + j] = (d1 * F32(U8(v >> 4)) - o1) * unit[j]
 
 
 @njit(parallel=True, **_OPTS)
-def dq_q6_k(w, lut, r0, r1, out):
+def dq_q6_k(w, lut, unit, r0, r1, out):
     """Rows r0..r1 of a Q6_K matrix into out."""
     nb = w.shape[1]
     for i in prange(r1 - r0):
@@ -281,10 +289,10 @@ def dq_q6_k(w, lut, r0, r1, out):
                         q1 = F32(U8((e & 15) | (((hb >> 2) & 3) << 4))) - F32(32.0)
                         q2 = F32(U8((a >> 4) | (((hb >> 4) & 3) << 4))) - F32(32.0)
                         q3 = F32(U8((e >> 4) | (((hb >> 6) & 3) << 4))) - F32(32.0)
-                        out[i, base + j] = s0 * q0
-                        out[i, base + 32 + j] = s1 * q1
-                        out[i, base + 64 + j] = s2 * q2
-                        out[i, base + 96 + j] = s3 * q3
+                        out[i, base + j] = s0 * q0 * unit[j]
+                        out[i, base + 32 + j] = s1 * q1 * unit[j]
+                        out[i, base + 64 + j] = s2 * q2 * unit[j]
+                        out[i, base + 96 + j] = s3 * q3 * unit[j]
 
 
 MATVEC = {"Q8_0": mv_q8_0, "Q4_0": mv_q4_0, "Q4_1": mv_q4_1, "Q4_K": mv_q4_k, "Q6_K": mv_q6_k}

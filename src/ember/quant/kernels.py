@@ -28,6 +28,7 @@ SMALL_M = 8  # up to this many rows of x, matmul_t runs the matrix-vector kernel
 SERIAL_MAX_BYTES = 1 << 16  # below this weight size the matrix-vector kernel runs on one thread
 DYNAMIC_MIN_BYTES = 1 << 21  # from this weight size on, row chunks are scheduled dynamically
 
+_UNIT = np.ones(32, np.float32)  # see the note above the dq_* kernels
 _numba_kernels = None  # the module, once imported; False when numba is unavailable
 _f16_lut: np.ndarray | None = None
 
@@ -152,7 +153,7 @@ def dequantize_rows(raw: np.ndarray, qtype: str, shape: tuple[int, int], r0: int
         out = np.empty((r1 - r0, k), np.float32)
     mod = numba_kernels()
     if mod is not None and fmt.name in KERNEL_TYPES and r1 > r0 and k > 0:
-        mod.DEQUANT_ROWS[fmt.name](_blocks3d(u8, fmt.name, n, k), f16_table(), r0, r1, out)
+        mod.DEQUANT_ROWS[fmt.name](_blocks3d(u8, fmt.name, n, k), f16_table(), _UNIT, r0, r1, out)
         return out
     row_bytes = k // fmt.block_size * fmt.type_size
     rows = u8.reshape(n, row_bytes)[r0:r1]
@@ -187,7 +188,7 @@ def matmul_t(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray)
         for r0 in range(0, n, tile):
             r1 = min(n, r0 + tile)
             w = buf[: r1 - r0]
-            mod.DEQUANT_ROWS[fmt.name](w3, f16_table(), r0, r1, w)
+            mod.DEQUANT_ROWS[fmt.name](w3, f16_table(), _UNIT, r0, r1, w)
             out[:, r0:r1] = x @ w.T
     finally:
         numba.set_num_threads(threads)
