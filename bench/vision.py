@@ -10,6 +10,10 @@ from other jobs hits them alike; the median and best of --repeat calls are repor
 to torch eager, and the table and the command go to bench/RESULTS.md.
 
     .venv/bin/python bench/vision.py [--batch 1 8] [--threads 2] [--repeat 15] [--no-append]
+    .venv/bin/python bench/vision.py --zoo        # every zoo model at batch 1, ember vs torch
+
+"cpu ms" is the process CPU time per call (all threads): on a loaded machine it shows the work
+done, while wall time also counts waiting for preempted threads (and spinning thread pools).
 """
 
 from __future__ import annotations
@@ -96,12 +100,13 @@ def measure(engines: dict, x: np.ndarray, repeat: int, warmup: int = 2) -> dict:
         err = float(np.abs(y - ref).max())
         if err > 1e-3 * max(1.0, float(np.abs(ref).max())):
             raise SystemExit(f"{name} disagrees with torch eager: max |diff| {err}")
-    times = {name: [] for name in engines}
+    times = {name: ([], []) for name in engines}
     for _ in range(repeat):
         for name, fn in engines.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn(x)
-            times[name].append(time.perf_counter() - t)
+            times[name][0].append(time.perf_counter() - t)
+            times[name][1].append(time.process_time() - c)
     return times
 
 
@@ -114,6 +119,102 @@ def torch_info() -> str:
     return "; ".join(keep)
 
 
+def _row(label: str, b: int, name: str, ts: tuple, base: float) -> str:
+    wall, cpu = ts
+    med = statistics.median(wall)
+    return (
+        f"| {label} | {b} | {name} | {med * 1e3:.1f} | {min(wall) * 1e3:.1f} | "
+        f"{statistics.median(cpu) * 1e3:.1f} | {med / base:.2f}x | {b / med:.1f} |"
+    )
+
+
+HEAD = (
+    "| model | batch | engine | median ms | best ms | cpu ms | vs torch eager | images/s |\n"
+    + "|---" * 8
+    + "|"
+)
+
+
+def resnet50_table(args) -> str:
+    """ResNet-50 at each batch size on every engine."""
+    engines = build_engines(args.threads, args.size, args.batch)
+    rows = []
+    for b in args.batch:
+        x = np.random.default_rng(b).standard_normal((b, 3, args.size, args.size), np.float32)
+        times = measure(engines, x, args.repeat if b == 1 else max(3, args.repeat // 2))
+        base = statistics.median(times["torch eager"][0])
+        for name, ts in times.items():
+            rows.append(_row("resnet50", b, name, ts, base))
+            print(rows[-1], flush=True)
+    return HEAD + "\n" + "\n".join(rows)
+
+
+def zoo(args) -> str:
+    """Each model of the zoo at batch 1: ember (fused where it applies) vs its torch twin."""
+    import torch
+    from tests.models.vision import twins
+
+    import ember
+    from ember.models.fuse import optimize_for_inference
+    from ember.models.vision import MODELS, ViTForImageClassification, efficientnet_lite0
+
+    torch.set_num_threads(args.threads)
+    ember.set_num_threads(args.threads)
+    x = np.random.default_rng(0).standard_normal((1, 3, args.size, args.size), np.float32)
+    rows = []
+    for name in ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
+                 "efficientnet_lite0", "vit_b_16"]:  # fmt: skip
+        if name.startswith("resnet") or name == "mobilenet_v2":
+            torch.manual_seed(0)
+            tm = twins.resnet(name) if name.startswith("resnet") else twins.MobileNetV2()
+            tm = twins.randomize_bn(tm).eval()
+            em = optimize_for_inference(MODELS[name](weights=twins.to_numpy_state(tm)), True)
+        elif name == "vit_b_16":
+            from transformers import ViTConfig
+            from transformers import ViTForImageClassification as HFViT
+
+            tm = HFViT(ViTConfig(num_labels=1000)).eval()
+            em = ViTForImageClassification()
+            from ember.models.vision.vit import legacy_key
+
+            em.load_state_dict({legacy_key(k): v.numpy() for k, v in tm.state_dict().items()})
+            em.eval()
+        else:
+            tm = None
+            em = optimize_for_inference(efficientnet_lite0(weights="bundled"), True)
+
+        def run_ember(a, em=em):
+            with ember.no_grad():
+                return em(ember.from_numpy(a)).numpy()
+
+        engines = {"ember": run_ember}
+        if tm is not None:
+
+            def run_torch(a, tm=tm):
+                with torch.inference_mode():
+                    out = tm(torch.from_numpy(a))
+                return (out.logits if hasattr(out, "logits") else out).numpy()
+
+            engines["torch eager"] = run_torch
+        times = measure(engines, x, args.repeat) if tm is not None else _alone(run_ember, x, args)
+        base = statistics.median(times.get("torch eager", times["ember"])[0])
+        for eng, ts in times.items():
+            rows.append(_row(name, 1, eng, ts, base))
+            print(rows[-1], flush=True)
+    return HEAD + "\n" + "\n".join(rows)
+
+
+def _alone(fn, x, args) -> dict:
+    fn(x)
+    wall, cpu = [], []
+    for _ in range(args.repeat):
+        t, c = time.perf_counter(), time.process_time()
+        fn(x)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {"ember": (wall, cpu)}
+
+
 def main() -> None:
     """Run the benchmark and print/append the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -121,38 +222,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--zoo", action="store_true", help="every zoo model at batch 1 instead")
     ap.add_argument("--no-append", action="store_true", help="print only, leave RESULTS.md alone")
     args = ap.parse_args()
     from _common import append, blas_info
 
-    engines = build_engines(args.threads, args.size, args.batch)
-    rows = []
-    for b in args.batch:
-        x = np.random.default_rng(b).standard_normal((b, 3, args.size, args.size), np.float32)
-        times = measure(engines, x, args.repeat if b == 1 else max(3, args.repeat // 2))
-        base = statistics.median(times["torch eager"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            rows.append(
-                f"| {b} | {name} | {med * 1e3:.1f} | {min(ts) * 1e3:.1f} | "
-                f"{med / base:.2f}x | {b / med:.1f} |"
-            )
-            print(rows[-1], flush=True)
-    head = "| batch | engine | median ms | best ms | vs torch eager | images/s |\n"
-    head += "|---" * 6 + "|"
-    table = head + "\n" + "\n".join(rows)
+    load0 = os.getloadavg()[0]
+    if args.zoo:
+        table, what = zoo(args), "zoo models at batch 1"
+    else:
+        table, what = resnet50_table(args), "ResNet-50"
     from threadpoolctl import threadpool_info
 
     libs = sorted({os.path.basename(d["filepath"]) for d in threadpool_info()})
     notes = (
-        f"\nResNet-50, random weights, eval, float32, {args.size}x{args.size}, {args.threads} "
+        f"\n{what}, random weights, eval, float32, {args.size}x{args.size}, {args.threads} "
         f"threads everywhere; ember = optimize_for_inference (BN folded, NHWC, fused epilogues).\n"
+        f"- load average (1 min) before/after: {load0:.1f} / {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores\n"
         f"- ember BLAS (threadpoolctl): {blas_info()}\n- torch: {torch_info()}\n"
         f"- thread pools loaded: {', '.join(libs)}\n"
     )
     print(table + notes)
     if not args.no_append:
-        append("vision: ResNet-50 latency, ember vs torch vs onnxruntime", table + "\n" + notes)
+        title = "vision: " + ("zoo latency" if args.zoo else "ResNet-50 latency")
+        append(title + ", ember vs torch", table + "\n" + notes)
 
 
 if __name__ == "__main__":
