@@ -75,7 +75,7 @@ class ImageClassifier:
         if name.startswith("vit"):
             p = Path(weights)
             model = ViTForImageClassification.from_pretrained(p)
-            prep = _hf_preprocess(p if p.is_dir() else p.parent)
+            prep = _hf_preprocess(p if p.is_dir() else p.parent, model.config.image_size)
             id2label = model.config.id2label
             if id2label:
                 labels = [id2label.get(str(i), str(i)) for i in range(len(id2label))]
@@ -106,14 +106,15 @@ class ImageClassifier:
         return self.labels[i] if i < len(self.labels) else str(i)
 
 
-def _hf_preprocess(folder: Path) -> Preprocess:
+def _hf_preprocess(folder: Path, image_size: int) -> Preprocess:
     """ViT preprocessing from preprocessor_config.json when present (else google/vit's values)."""
-    prep = PRESETS["vit"]
+    v = PRESETS["vit"]
+    prep = Preprocess(image_size, None, v.mean, v.std, v.interpolation, squash=True)
     f = folder / "preprocessor_config.json"
     if f.is_file():
         c = json.loads(f.read_text())
-        size = c.get("size", 224)
-        size = size.get("height", 224) if isinstance(size, dict) else size
+        size = c.get("size", image_size)
+        size = size.get("height", image_size) if isinstance(size, dict) else size
         interp = {2: "bilinear", 3: "bicubic", 0: "nearest"}.get(c.get("resample", 2), "bilinear")
         prep = Preprocess(int(size), None, tuple(c.get("image_mean", prep.mean)),
                           tuple(c.get("image_std", prep.std)), interp, squash=True)  # fmt: skip
