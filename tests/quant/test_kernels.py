@@ -109,6 +109,10 @@ def test_shape_errors():
         kernels.matmul_t(raw, "Q8_0", (4, 64), np.zeros((2, 32), np.float32))
     with pytest.raises(ShapeError, match="must be 2-d"):
         kernels.matmul_t(raw, "Q8_0", (2, 2, 64), np.zeros((2, 64), np.float32))
+    with pytest.raises(ShapeError, match="row range"):
+        kernels.dequantize_rows(raw, "Q8_0", (4, 64), 3, 5)
+    with pytest.raises(ShapeError, match="out must be"):
+        kernels.dequantize_rows(raw, "Q8_0", (4, 64), 0, 2, out=np.empty((2, 32), np.float32))
 
 
 def test_numba_is_imported_lazily():

@@ -151,6 +151,11 @@ def dequantize_rows(raw: np.ndarray, qtype: str, shape: tuple[int, int], r0: int
         raise ShapeError(f"dequantize_rows: row range [{r0}, {r1}) outside 0..{n}")
     if out is None:
         out = np.empty((r1 - r0, k), np.float32)
+    elif out.shape != (r1 - r0, k) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ShapeError(
+            f"dequantize_rows: out must be a C-contiguous float32 array of shape "
+            f"{(r1 - r0, k)}, got {out.dtype} {out.shape}"
+        )
     mod = numba_kernels()
     if mod is not None and fmt.name in KERNEL_TYPES and r1 > r0 and k > 0:
         mod.DEQUANT_ROWS[fmt.name](_blocks3d(u8, fmt.name, n, k), f16_table(), _UNIT, r0, r1, out)
