@@ -55,6 +55,8 @@ ROW_MODE_MIN_PIXELS = 512  # below this a conv splits its GEMM by output channel
 
 def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
     """Boundaries of near-equal blocks of output rows, ~ROW_BLOCK_PIXELS pixels each."""
+    if rows * ow == 0:
+        return [0]
     nblocks = max(1, -(-rows * ow // ROW_BLOCK_PIXELS))
     if threads > 1:
         nblocks = max(nblocks, min(rows, 2 * threads))
@@ -164,7 +166,7 @@ class FusedConv2d(nn.Module):
                 if one:
                     s = src[p0:p1]
                 else:
-                    s = _scratch_buffer((p1 - p0) * w2.shape[0]).reshape(p1 - p0, -1)
+                    s = _scratch_buffer((p1 - p0) * w2.shape[0]).reshape(p1 - p0, w2.shape[0])
                     K.im2col(a, s, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
                 yy = y[p0:p1]
                 np.matmul(s, w2, out=yy)
@@ -173,7 +175,7 @@ class FusedConv2d(nn.Module):
             ntasks = len(bounds) - 1
         else:  # few pixels (deep layers): one im2col, the GEMM split by output channels
             if not one:
-                src = _scratch_buffer(m * w2.shape[0]).reshape(m, -1)
+                src = _scratch_buffer(m * w2.shape[0]).reshape(m, w2.shape[0])
                 K.im2col(a, src, kh, kw, sh, sw, pt, pl, oh, ow)
             cols = _col_blocks(o, pool.n)
 

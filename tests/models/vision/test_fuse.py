@@ -178,3 +178,10 @@ def test_blocked_paths_match_torch_for_any_thread_count(threads, monkeypatch):
             np.testing.assert_allclose(fused(ember.from_numpy(x)).numpy(), ref, atol=1e-5)
     finally:
         ember.set_num_threads(old)
+
+
+def test_empty_batch_flows_through_a_fused_net():
+    from ember.models.vision import mobilenet_v2
+
+    fast = optimize_for_inference(mobilenet_v2(num_classes=4))
+    assert tuple(fast(ember.zeros(0, 3, 32, 32)).shape) == (0, 4)
