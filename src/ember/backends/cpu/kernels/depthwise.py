@@ -95,11 +95,7 @@ def depthwise_grad_weight_reference(
 
 # ------------------------------------------------------------------ numba kernels
 def _build(nb):
-    @nb.njit(inline="always")
-    def bounds(off, step, size, n_out):  # pragma: no cover - compiled
-        """Output indices t in [lo, hi) with 0 <= t*step + off < size."""
-        return max(0, (step - 1 - off) // step), min(n_out, (size - 1 - off) // step + 1)
-
+    # no jitted helpers captured in the closures: numba's on-disk cache would miss every run
     @nb.njit(parallel=True, nogil=True, cache=True, fastmath=True)
     def fwd(x, w, out, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
         n_, c_, h_, w_ = x.shape
@@ -114,10 +110,12 @@ def _build(nb):
             po[:, :] = 0
             for i in range(kh):
                 offh = i * dh - pt
-                oh_lo, oh_hi = bounds(offh, sh, h_, oh_)
+                oh_lo = max(0, (sh - 1 - offh) // sh)
+                oh_hi = min(oh_, (h_ - 1 - offh) // sh + 1)
                 for j in range(kw):
                     offw = j * dw - pl
-                    ow_lo, ow_hi = bounds(offw, sw, w_, ow_)
+                    ow_lo = max(0, (sw - 1 - offw) // sw)
+                    ow_hi = min(ow_, (w_ - 1 - offw) // sw + 1)
                     if ow_hi <= ow_lo:
                         continue
                     wv = w[o, 0, i, j]
@@ -144,10 +142,12 @@ def _build(nb):
                 gi = g[n, o]
                 for i in range(kh):
                     offh = i * dh - pt
-                    oh_lo, oh_hi = bounds(offh, sh, h_, oh_)
+                    oh_lo = max(0, (sh - 1 - offh) // sh)
+                    oh_hi = min(oh_, (h_ - 1 - offh) // sh + 1)
                     for j in range(kw):
                         offw = j * dw - pl
-                        ow_lo, ow_hi = bounds(offw, sw, w_, ow_)
+                        ow_lo = max(0, (sw - 1 - offw) // sw)
+                        ow_hi = min(ow_, (w_ - 1 - offw) // sw + 1)
                         if ow_hi <= ow_lo:
                             continue
                         wv = w[o, 0, i, j]
@@ -168,10 +168,12 @@ def _build(nb):
         for o in nb.prange(o_):
             for i in range(kh):
                 offh = i * dh - pt
-                oh_lo, oh_hi = bounds(offh, sh, h_, oh_)
+                oh_lo = max(0, (sh - 1 - offh) // sh)
+                oh_hi = min(oh_, (h_ - 1 - offh) // sh + 1)
                 for j in range(kw):
                     offw = j * dw - pl
-                    ow_lo, ow_hi = bounds(offw, sw, w_, ow_)
+                    ow_lo = max(0, (sw - 1 - offw) // sw)
+                    ow_hi = min(ow_, (w_ - 1 - offw) // sw + 1)
                     acc = 0.0
                     a = ow_lo * sw + offw
                     for n in range(n_ if ow_hi > ow_lo else 0):
