@@ -48,6 +48,9 @@ def numba_kernels():
         if os.environ.get("EMBER_NO_NUMBA", "") not in ("", "0"):
             _numba_kernels = False
         else:
+            from ember.backends.cpu.kernels import numba_or_none
+
+            numba_or_none()  # sets the OpenMP wait policy before numba starts its workers
             try:
                 from ember.quant import _numba_kernels as mod
             except ImportError:  # numba missing or broken: the numpy references take over

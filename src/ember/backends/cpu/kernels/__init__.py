@@ -15,6 +15,10 @@ def numba_or_none():
     """The numba module, or None when it is not installed or EMBER_NO_NUMBA=1."""
     global _numba
     if _numba is False:
+        # numba's OpenMP workers spin while they wait by default. With another busy process on
+        # the machine that turns a 40 us matrix-vector product into a 13 ms one (the spinning
+        # workers hold the core the main thread needs); passive waiting costs microseconds.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if os.environ.get("EMBER_NO_NUMBA") == "1":
             _numba = None
         else:
