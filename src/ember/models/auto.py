@@ -129,6 +129,14 @@ def _from_gguf(path: Path, dtype):
 
     f = open_gguf(path)
     cfg = config_from_gguf(f.metadata, set(f.tensors))
+    from ember.models.llama import LlamaForCausalLM
+
+    # GGUF tensor names and conventions are mapped for the llama family only
+    if _model_class(cfg["model_type"]) is not LlamaForCausalLM:
+        raise UnsupportedError(
+            f"{path.name}: GGUF files of architecture {cfg['model_type']!r} are not supported yet "
+            "(llama-family ones are); load the model's Hugging Face folder instead"
+        )
     model = _build(cfg)
     weights = {}
     for name, info in f.tensors.items():
@@ -151,9 +159,13 @@ def _from_hf_dir(path: Path, dtype):
         weights = load_safetensors_dir(path)
     else:
         weights = load_safetensors(path / "model.safetensors")
+    if hasattr(model, "checkpoint_weights"):  # a family whose files name tensors differently
+        weights = model.checkpoint_weights(weights)
     tied = model.config.tie_word_embeddings and "lm_head.weight" not in weights
     assign_weights(model, weights, dtype, strict=not tied)
-    if tied:
+    if tied and hasattr(model, "tie_weights"):  # the family knows where its embeddings live
+        model.tie_weights()
+    elif tied:
         tie_embeddings(model)
     model.source = str(path)
     return model
