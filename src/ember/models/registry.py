@@ -1,5 +1,6 @@
 """model_type (config.json) -> model class."""
 
+from ember.models.gemma import GemmaForCausalLM
 from ember.models.llama import LlamaForCausalLM
 
 CAUSAL_LM = {
@@ -8,4 +9,6 @@ CAUSAL_LM = {
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
     "smollm": LlamaForCausalLM,
+    "gemma": GemmaForCausalLM,
+    "gemma2": GemmaForCausalLM,
 }
