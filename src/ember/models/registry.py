@@ -2,6 +2,7 @@
 
 from ember.models.gemma import GemmaForCausalLM
 from ember.models.llama import LlamaForCausalLM
+from ember.models.phi3 import Phi3ForCausalLM
 
 CAUSAL_LM = {
     "llama": LlamaForCausalLM,
@@ -11,4 +12,5 @@ CAUSAL_LM = {
     "smollm": LlamaForCausalLM,
     "gemma": GemmaForCausalLM,
     "gemma2": GemmaForCausalLM,
+    "phi3": Phi3ForCausalLM,
 }
