@@ -1,6 +1,7 @@
 """model_type (config.json) -> model class."""
 
 from ember.models.gemma import GemmaForCausalLM
+from ember.models.gpt2 import GPT2LMHeadModel
 from ember.models.llama import LlamaForCausalLM
 from ember.models.phi3 import Phi3ForCausalLM
 
@@ -13,4 +14,5 @@ CAUSAL_LM = {
     "gemma": GemmaForCausalLM,
     "gemma2": GemmaForCausalLM,
     "phi3": Phi3ForCausalLM,
+    "gpt2": GPT2LMHeadModel,
 }
