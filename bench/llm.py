@@ -10,7 +10,9 @@ llama.cpp (llama-cpp-python, optional) runs them quantized. Greedy decoding, sam
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -28,14 +30,17 @@ def run_ember(path, ids, new, threads):
     model = AutoModelForCausalLM.from_pretrained(path)
     load = time.perf_counter() - t
     list(generate_tokens(model, ids[:8], 4))  # compile / warm caches
-    with ember.no_grad():
-        t = time.perf_counter()
-        model(ember.tensor([ids]), logits_to_keep=1)
-        prefill = time.perf_counter() - t
-    t = time.perf_counter()
-    n = sum(1 for _ in generate_tokens(model, ids, new))
-    total = time.perf_counter() - t
-    return load, len(ids) / prefill, (n - 1) / max(total - prefill, 1e-9)
+    stamps = [time.perf_counter()]
+    for _ in generate_tokens(model, ids, new):
+        stamps.append(time.perf_counter())
+    return _rates(load, len(ids), stamps)
+
+
+def _rates(load, n_prompt, stamps):
+    """(load s, prefill tok/s = prompt / time to first token, decode tok/s after the first)."""
+    prefill = stamps[1] - stamps[0]
+    decode = (len(stamps) - 2) / (stamps[-1] - stamps[1])
+    return load, n_prompt / prefill, decode
 
 
 def run_torch(path, ids, new, threads):
@@ -46,17 +51,19 @@ def run_torch(path, ids, new, threads):
     t = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     load = time.perf_counter() - t
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        model.generate(x[:, :8], max_new_tokens=4, do_sample=False)
-        t = time.perf_counter()
-        model(x)
-        prefill = time.perf_counter() - t
-        t = time.perf_counter()
-        out = model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        total = time.perf_counter() - t
-    n = out.shape[1] - len(ids)
-    return load, len(ids) / prefill, (n - 1) / max(total - prefill, 1e-9)
+
+    def gen(prompt, n):
+        stamps = [time.perf_counter()]
+        with torch.no_grad():
+            out = model(torch.tensor([prompt]), use_cache=True)
+            for _ in range(n):
+                tok = out.logits[:, -1:].argmax(-1)
+                stamps.append(time.perf_counter())
+                out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+        return stamps
+
+    gen(ids[:8], 4)
+    return _rates(load, len(ids), gen(ids, new))
 
 
 def run_llamacpp(path, ids, new, threads):
@@ -67,15 +74,17 @@ def run_llamacpp(path, ids, new, threads):
     load = time.perf_counter() - t
     llm.eval(ids[:8])
     llm.reset()
-    t = time.perf_counter()
+    stamps = [time.perf_counter()]
     llm.eval(ids)
-    prefill = time.perf_counter() - t
-    t = time.perf_counter()
-    for _ in range(new - 1):
+    for _ in range(new):
         tok = llm.sample(temp=0.0)
+        stamps.append(time.perf_counter())
         llm.eval([tok])
-    decode = time.perf_counter() - t
-    return load, len(ids) / prefill, (new - 1) / decode
+    return _rates(load, len(ids), stamps)
+
+
+ENGINES = {"ember": run_ember, "torch": run_torch, "llamacpp": run_llamacpp}
+NAMES = {"ember": "ember", "torch": "torch (transformers, f32)", "llamacpp": "llama.cpp (llama-cpp-python)"}
 
 
 def main() -> None:
@@ -83,17 +92,24 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", choices=list(ENGINES), help="(internal) run one engine, print JSON")
     a = ap.parse_args()
     from ember.models.hub import default_model_path
 
     path = default_model_path()
     ids = [(i * 7919) % 40000 + 100 for i in range(a.prompt_tokens)]
-    rows = [("ember", run_ember(path, ids, a.new_tokens, a.threads))]
-    rows.append(("torch (transformers, f32)", run_torch(path, ids, a.new_tokens, a.threads)))
-    try:
-        rows.append(("llama.cpp (llama-cpp-python)", run_llamacpp(path, ids, a.new_tokens, a.threads)))
-    except ImportError:
-        rows.append(("llama.cpp (not installed)", None))
+    if a.engine:  # each engine in its own process: their OpenMP runtimes do not mix
+        print(json.dumps(ENGINES[a.engine](path, ids, a.new_tokens, a.threads)))
+        return
+    rows = []
+    for eng in ENGINES:
+        cmd = [sys.executable, __file__, "--engine", eng, "--prompt-tokens", str(a.prompt_tokens),
+               "--new-tokens", str(a.new_tokens), "--threads", str(a.threads)]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+        ok = r.returncode == 0 and r.stdout.strip()
+        if not ok:
+            print(f"{eng}: {r.stderr.strip().splitlines()[-1:] or r.returncode}", file=sys.stderr)
+        rows.append((NAMES[eng] if ok else f"{NAMES[eng]} (not available)", json.loads(r.stdout.strip().splitlines()[-1]) if ok else None))
     e = rows[0][1]
     lines = ["| engine | load s | prefill tok/s | decode tok/s | decode vs ember |", "|---|---|---|---|---|"]
     for name, r in rows:

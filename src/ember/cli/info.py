@@ -50,7 +50,9 @@ def run(args) -> int:
     print(f"model:        {path}")
     print(f"architecture: {d['architecture']} ({cfg.model_type})")
     print(f"layers:       {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, heads {cfg.num_attention_heads} (kv {cfg.num_key_value_heads}), ffn {cfg.intermediate_size}")
-    print(f"vocab:        {cfg.vocab_size}, context {cfg.max_position_embeddings}, rope theta {cfg.rope_theta:g}")
+    theta = getattr(cfg, "rope_theta", None)
+    rope = f", rope theta {theta:g}" if theta else ""
+    print(f"vocab:        {cfg.vocab_size}, context {cfg.max_position_embeddings}{rope}")
     print(f"parameters:   {d['parameters'] / 1e6:.1f} M")
     for k in sorted(d["by_type"]):
         print(f"  {k:8s} {d['by_type'][k] / 1e6:8.2f} M params  {d['bytes'][k] / 2**20:8.1f} MiB")
