@@ -6,6 +6,18 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_configure(config):
+    # Under pytest-xdist each worker shares the cores with the others: one thread per worker for
+    # BLAS, numba and torch, so that no worker's threads spin-wait on a core another one needs.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        import ember
+
+        ember.set_num_threads(1)
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     np.random.seed(0)

@@ -20,9 +20,16 @@ def set_num_threads(n: int) -> None:
     import sys
 
     if "numba" in sys.modules:
-        import numba
+        apply_numba_threads()
 
-        numba.set_num_threads(min(_threads, numba.config.NUMBA_NUM_THREADS))
+
+def apply_numba_threads() -> None:
+    """Give numba the thread count set here (kernels call this once numba is imported)."""
+    if _threads is None:
+        return
+    import numba
+
+    numba.set_num_threads(min(_threads, numba.config.NUMBA_NUM_THREADS))
 
 
 def get_num_threads() -> int:

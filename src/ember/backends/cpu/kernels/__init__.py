@@ -27,4 +27,8 @@ def numba_or_none():
             except ImportError:  # pragma: no cover - numba is a required dependency
                 numba = None
             _numba = numba
+            if numba is not None:
+                from ember.threads import apply_numba_threads
+
+                apply_numba_threads()
     return _numba
