@@ -28,7 +28,7 @@ from ember.dtypes import (
 )
 from ember.dtypes import DType as dtype
 from ember.ops import *  # noqa: F403
-from ember.ops import cast, to_device
+from ember.ops import cast, linalg, to_device
 from ember.tensor import Size, Tensor
 from ember.threads import get_num_threads, set_num_threads
 
