@@ -20,11 +20,39 @@ which is what lets LLVM vectorize the inner loops without run-time overlap check
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 F32 = np.float32
 U8 = np.uint8
 _OPTS = dict(cache=True, nogil=True, fastmath=True)
+PREFETCH_BYTES = 6144  # how far ahead of the read position the weight bytes are prefetched
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i, j, k):
+    """Prefetch the cache line holding arr[i, j, k] (no bounds: a prefetch never faults)."""
+    sig = types.void(arr, i, j, k)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        strides = cgutils.unpack_tuple(builder, ary.strides, aryty.ndim)
+        off = builder.add(
+            builder.add(builder.mul(args[1], strides[0]), builder.mul(args[2], strides[1])),
+            builder.mul(args[3], strides[2]),
+        )
+        i8p = ir.IntType(8).as_pointer()
+        ptr = builder.inttoptr(builder.add(builder.ptrtoint(ary.data, off.type), off), i8p)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, keep in all levels, data
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @njit(inline="always", **_OPTS)
@@ -48,12 +76,14 @@ def _scale_min_k4(w, n, b, j):
 @njit(parallel=True, **_OPTS)
 def mv_q8_0(w, lut, x, y, chunk):
     """Q8_0 blocks (d:f16, 32 x int8): y[n] = sum_b d * (q . x_b)."""
-    n_rows, nb, _ = w.shape
+    n_rows, nb, bs = w.shape
+    ahead = (PREFETCH_BYTES + bs - 1) // bs  # blocks
     for c in prange((n_rows + chunk - 1) // chunk):
         t = np.empty(32, np.float32)
         for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
             t[:] = 0
             for b in range(nb):
+                _prefetch(w, n, b + ahead, 0)
                 d = _f16(lut, w[n, b, 0], w[n, b, 1])
                 for j in range(32):
                     q = np.int8(w[n, b, 2 + j])
@@ -68,7 +98,8 @@ def mv_q4_0(w, lut, x, y, chunk):
     Byte j holds elements j (low nibble) and j + 16 (high), so lane j accumulates
     d * (lo * x[j] + hi * x[j + 16] - 8 * (x[j] + x[j + 16])); aux[b, j] carries the last term.
     """
-    n_rows, nb, _ = w.shape
+    n_rows, nb, bs = w.shape
+    ahead = (PREFETCH_BYTES + bs - 1) // bs  # blocks
     aux = np.empty((nb, 16), np.float32)
     for b in range(nb):
         for j in range(16):
@@ -80,6 +111,9 @@ def mv_q4_0(w, lut, x, y, chunk):
             n2 = min(n + 1, r1 - 1)
             t[:] = 0
             for b in range(nb):
+                if (b & 1) == 0:
+                    _prefetch(w, n, b + ahead, 0)
+                    _prefetch(w, n2, b + ahead, 0)
                 d = _f16(lut, w[n, b, 0], w[n, b, 1])
                 e = _f16(lut, w[n2, b, 0], w[n2, b, 1])
                 for j in range(16):
@@ -100,7 +134,8 @@ def mv_q4_1(w, lut, x, y, chunk):
 
     Lane j accumulates d * (lo * x[j] + hi * x[j + 16]) + m * aux[b, j], aux = x[j] + x[j + 16].
     """
-    n_rows, nb, _ = w.shape
+    n_rows, nb, bs = w.shape
+    ahead = (PREFETCH_BYTES + bs - 1) // bs  # blocks
     aux = np.empty((nb, 16), np.float32)
     for b in range(nb):
         for j in range(16):
@@ -112,6 +147,9 @@ def mv_q4_1(w, lut, x, y, chunk):
             n2 = min(n + 1, r1 - 1)
             t[:] = 0
             for b in range(nb):
+                if (b & 1) == 0:
+                    _prefetch(w, n, b + ahead, 0)
+                    _prefetch(w, n2, b + ahead, 0)
                 d = _f16(lut, w[n, b, 0], w[n, b, 1])
                 m = _f16(lut, w[n, b, 2], w[n, b, 3])
                 e = _f16(lut, w[n2, b, 0], w[n2, b, 1])
@@ -131,12 +169,16 @@ def mv_q4_1(w, lut, x, y, chunk):
 @njit(parallel=True, **_OPTS)
 def mv_q4_k(w, lut, x, y, chunk):
     """Q4_K super-blocks (d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles)."""
-    n_rows, nb, _ = w.shape
+    n_rows, nb, bs = w.shape
+    ahead = (PREFETCH_BYTES + bs - 1) // bs  # blocks
     for c in prange((n_rows + chunk - 1) // chunk):
         t = np.empty(32, np.float32)
         for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
             t[:] = 0
             for b in range(nb):
+                _prefetch(w, n, b + ahead, 0)
+                _prefetch(w, n, b + ahead, 64)
+                _prefetch(w, n, b + ahead, 128)
                 d = _f16(lut, w[n, b, 0], w[n, b, 1])
                 dmin = _f16(lut, w[n, b, 2], w[n, b, 3])
                 for g in range(4):
@@ -157,12 +199,15 @@ def mv_q4_k(w, lut, x, y, chunk):
 @njit(parallel=True, **_OPTS)
 def mv_q6_k(w, lut, x, y, chunk):
     """Q6_K super-blocks (ql:128, qh:64, 16 int8 scales, d): value = d * sc * (q - 32)."""
-    n_rows, nb, _ = w.shape
+    n_rows, nb, bs = w.shape
+    ahead = (PREFETCH_BYTES + bs - 1) // bs  # blocks
     for c in prange((n_rows + chunk - 1) // chunk):
         t = np.empty(16, np.float32)
         for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
             t[:] = 0
             for b in range(nb):
+                for line in range(4):
+                    _prefetch(w, n, b + ahead, 64 * line)
                 d = _f16(lut, w[n, b, 208], w[n, b, 209])
                 for h in range(2):
                     for k in range(2):
