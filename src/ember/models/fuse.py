@@ -298,6 +298,43 @@ class MaxPool2dNHWC(nn.Module):
         return channels_last(out)
 
 
+class FusedLinear(nn.Module):
+    """Linear on the fused path: output channels split over the worker pool, one-thread BLAS."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.wt_np = np.ascontiguousarray(linear.weight._data.astype(_F32).T)  # (in, out)
+        b = linear.bias
+        self.bias_np = np.zeros(self.out_features, _F32) if b is None else b._data.astype(_F32)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x @ W.T + b over the last dim."""
+        a = x._data
+        if a.shape[-1] != self.in_features:
+            raise UnsupportedError(
+                f"FusedLinear: expected {self.in_features} features, got {a.shape}"
+            )
+        a2 = np.ascontiguousarray(a.reshape(-1, self.in_features), dtype=_F32)
+        y = np.empty((a2.shape[0], self.out_features), _F32)
+        pool = get_pool()
+        cols = _col_blocks(self.out_features, pool.n)
+
+        def task(i: int) -> None:
+            c0, c1 = cols[i], cols[i + 1]
+            yy = y[:, c0:c1]
+            np.matmul(a2, self.wt_np[:, c0:c1], out=yy)
+            K.epilogue(yy, self.bias_np[c0:c1], None, 0)
+
+        with blas_single_thread():
+            pool.run(task, len(cols) - 1)
+        return Tensor._wrap(y.reshape(*a.shape[:-1], self.out_features))
+
+    def extra_repr(self) -> str:
+        """in_features, out_features."""
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
 class GlobalAvgPool2d(nn.Module):
     """AdaptiveAvgPool2d(1) over channels-last data: (N, C, H, W) -> (N, C, 1, 1)."""
 
@@ -361,6 +398,8 @@ def _rewrite(m: nn.Module) -> nn.Module:
         return GlobalAvgPool2d()
     if _fusable_conv(m):
         return fuse_conv_bn(m)
+    if type(m) is nn.Linear and m.weight._data.dtype.kind == "f":
+        return FusedLinear(m)
     for name, child in list(m._modules.items()):
         if child is not None:
             m._modules[name] = _rewrite(child)

@@ -124,7 +124,7 @@ class EfficientNetLite(nn.Module):
 
     def fuse_for_inference(self) -> nn.Module:
         """One fused channels-last pipeline."""
-        from ember.models.fuse import FusedSequential, GlobalAvgPool2d, fuse_conv_bn
+        from ember.models.fuse import FusedLinear, FusedSequential, GlobalAvgPool2d, fuse_conv_bn
 
         return FusedSequential(
             fuse_conv_bn(self._conv_stem, self._bn0, "relu6"),
@@ -132,7 +132,7 @@ class EfficientNetLite(nn.Module):
             fuse_conv_bn(self._conv_head, self._bn1, "relu6"),
             GlobalAvgPool2d(),
             nn.Flatten(1),
-            self._fc,
+            FusedLinear(self._fc),
         )
 
     @classmethod

@@ -102,7 +102,8 @@ class MobileNetV2(nn.Module):
         from ember.models.fuse import FusedSequential, GlobalAvgPool2d, optimize_for_inference
 
         feats = optimize_for_inference(self.features, inplace=True)
-        return FusedSequential(feats, GlobalAvgPool2d(), nn.Flatten(1), self.classifier)
+        head = optimize_for_inference(self.classifier, inplace=True)
+        return FusedSequential(feats, GlobalAvgPool2d(), nn.Flatten(1), head)
 
     @classmethod
     def from_pretrained(cls, path, optimize: bool = True) -> nn.Module:
