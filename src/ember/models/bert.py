@@ -464,28 +464,14 @@ def _legacy_name(name: str) -> str:
 # --- the packed inference path ----------------------------------------------------------------
 
 
-def _fused_qkv(attn: BertSelfAttention) -> tuple[np.ndarray, np.ndarray]:
-    """(3H, H) weight and (3H,) bias of query/key/value, built once and kept while they stay."""
-    ws = (attn.query.weight, attn.key.weight, attn.value.weight)
-    bs = (attn.query.bias, attn.key.bias, attn.value.bias)
-    key = tuple(id(t._data) for t in ws + bs)
-    cached = attn.__dict__.get("_qkv_cache")
-    if cached is None or cached[0] != key:
-        w = np.concatenate([t._data for t in ws])
-        b = np.concatenate([t._data for t in bs])
-        cached = (key, w, b)
-        object.__setattr__(attn, "_qkv_cache", cached)
-    return cached[1], cached[2]
-
-
 def _act_(u: np.ndarray, bias: np.ndarray, name: str) -> np.ndarray:
-    """u <- act(u + bias) in place."""
+    """u <- act(u + bias) in place, u feature-major (features, tokens)."""
     from ember.backends.cpu.kernels import encoder as K
 
     kind = _ACTS[name]
     if kind == "gelu":
         return K.bias_gelu_(u, bias)
-    u += bias
+    u += bias[:, None]
     if kind == "gelu_tanh":
         u[...] = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u**3)))
     elif kind == "relu":
@@ -496,7 +482,11 @@ def _act_(u: np.ndarray, bias: np.ndarray, name: str) -> np.ndarray:
 
 
 def encode_packed(model: BertModel, ids, pos, tt, cu) -> np.ndarray:
-    """Hidden states (tokens, hidden) of packed sequences: sequence b is rows cu[b]:cu[b+1]."""
+    """Hidden states (tokens, hidden) of packed sequences: sequence b is rows cu[b]:cu[b+1].
+
+    Activations are feature-major inside, (features, tokens), so each linear layer is one BLAS
+    call ``W @ x`` on the checkpoint's weight as stored (see kernels/encoder.py for why).
+    """
     from ember.backends.cpu.kernels import encoder as K
 
     cfg = model.config
@@ -506,29 +496,34 @@ def encode_packed(model: BertModel, ids, pos, tt, cu) -> np.ndarray:
         e.token_type_embeddings.weight._data, ids, pos, tt, e.LayerNorm.weight._data,
         e.LayerNorm.bias._data, cfg.layer_norm_eps,
     )  # fmt: skip
+    hidden, n = x.shape
     scale = 1.0 / math.sqrt(cfg.head_dim)
+    qkv = np.empty((3 * hidden, n), np.float32)
     for layer in model.encoder.layer:
         sa, so = layer.attention.self, layer.attention.output
-        w, b = _fused_qkv(sa)
-        ctx = K.packed_attention(x @ w.T, b, cu, sa.num_heads, scale)
-        h = ctx @ so.dense.weight._data.T
+        projections = (sa.query, sa.key, sa.value)
+        for i, lin in enumerate(projections):  # straight into the rows of one (3H, n) matrix
+            np.matmul(lin.weight._data, x, out=qkv[i * hidden : (i + 1) * hidden])
+        bias = np.concatenate([lin.bias._data for lin in projections])
+        ctx = K.packed_attention(qkv, bias, cu, sa.num_heads, scale)
+        ln = so.LayerNorm
         K.add_layer_norm_(
             x,
-            h,
+            so.dense.weight._data @ ctx,
             so.dense.bias._data,
-            so.LayerNorm.weight._data,
-            so.LayerNorm.bias._data,
-            so.LayerNorm.eps,
+            ln.weight._data,
+            ln.bias._data,
+            ln.eps,
         )
         inter, out = layer.intermediate.dense, layer.output
-        u = _act_(x @ inter.weight._data.T, inter.bias._data, cfg.hidden_act)
-        h = u @ out.dense.weight._data.T
+        u = _act_(inter.weight._data @ x, inter.bias._data, cfg.hidden_act)
+        ln = out.LayerNorm
         K.add_layer_norm_(
             x,
-            h,
+            out.dense.weight._data @ u,
             out.dense.bias._data,
-            out.LayerNorm.weight._data,
-            out.LayerNorm.bias._data,
-            out.LayerNorm.eps,
+            ln.weight._data,
+            ln.bias._data,
+            ln.eps,
         )
-    return x
+    return np.ascontiguousarray(x.T)
