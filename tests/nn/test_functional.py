@@ -286,7 +286,8 @@ def test_clip_grad():
     nn.utils.clip_grad_value_(m.parameters(), 0.01)
     torch.nn.utils.clip_grad_value_(t.parameters(), 0.01)
     for pe, pt in zip(m.parameters(), t.parameters()):
-        np.testing.assert_allclose(pe.grad.numpy(), pt.grad.numpy())
+        # unclipped entries carry float32 summation-order differences of the two backwards
+        np.testing.assert_allclose(pe.grad.numpy(), pt.grad.numpy(), rtol=1e-5, atol=1e-8)
     vec = nn.utils.parameters_to_vector(m.parameters())
     assert vec.shape == (15,)
     nn.utils.vector_to_parameters(ember.zeros(15), m.parameters())
