@@ -41,10 +41,16 @@ def blas_info() -> str:
 def append(title: str, table: str) -> None:
     """Append a section with the command line, machine, BLAS and the table to RESULTS.md."""
     if not RESULTS.exists():
-        RESULTS.write_text("# Benchmark results\n\nEach section: the command, the machine, the BLAS kernels, the table.\n")
+        RESULTS.write_text(
+            "# Benchmark results\n\nEach section: the command, the machine, the BLAS kernels, the table.\n"
+        )
     cmd = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ)
+    env = " ".join(
+        f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ
+    )
     with RESULTS.open("a") as f:
         f.write(f"\n## {title} ({datetime.date.today()})\n\n")
-        f.write(f"- command: `{cmd}`\n- machine: {platform.machine()}, {os.cpu_count()} cores; env: {env or '-'}\n")
+        f.write(
+            f"- command: `{cmd}`\n- machine: {platform.machine()}, {os.cpu_count()} cores; env: {env or '-'}\n"
+        )
         f.write(f"- BLAS: {blas_info()}\n\n{table}\n")

@@ -1,8 +1,8 @@
 """One helper to test an op against torch: forward, backward, dtypes, non-contiguous, meta.
 
-    check(ember.exp, torch.exp, [(3, 4)])                       # one line per op
-    check(lambda a, b: a + b, None, [(3, 1), (4,)])              # same lambda for both
-    gradcheck(ember.exp, [(3, 4)])                               # finite differences, float64
+check(ember.exp, torch.exp, [(3, 4)])                       # one line per op
+check(lambda a, b: a + b, None, [(3, 1), (4,)])              # same lambda for both
+gradcheck(ember.exp, [(3, 4)])                               # finite differences, float64
 """
 
 from __future__ import annotations
@@ -73,8 +73,12 @@ def assert_close(e, t, dtype, what="", atol=None, rtol=None) -> None:
         assert e == t or np.allclose(e, t), f"{what}: {e} vs {t}"
         return
     assert isinstance(e, ember.Tensor), f"{what}: expected a Tensor, got {type(e)}"
-    assert tuple(e.shape) == tuple(t.shape), f"{what}: shape {tuple(e.shape)} vs torch {tuple(t.shape)}"
-    assert str(e.dtype).split(".")[1] == str(t.dtype).split(".")[1], f"{what}: dtype {e.dtype} vs {t.dtype}"
+    assert tuple(e.shape) == tuple(t.shape), (
+        f"{what}: shape {tuple(e.shape)} vs torch {tuple(t.shape)}"
+    )
+    assert str(e.dtype).split(".")[1] == str(t.dtype).split(".")[1], (
+        f"{what}: dtype {e.dtype} vs {t.dtype}"
+    )
     a0, r0 = TOL.get(e.dtype, (0, 0))
     ea = e.detach().numpy().astype(np.float64) if e.dtype is ember.bfloat16 else e.detach().numpy()
     ta = from_torch(t)
@@ -107,15 +111,24 @@ def check(
     tfn = tfn or efn
     rng = np.random.default_rng(seed)
     for dt in dtypes:
-        base = [rand_array(s, dt, rng, low, high, positive) if isinstance(s, tuple) else s for s in shapes]
+        base = [
+            rand_array(s, dt, rng, low, high, positive) if isinstance(s, tuple) else s
+            for s in shapes
+        ]
         variants = [base]
         if contig_variants:
             variants.append([noncontig(a) if isinstance(a, np.ndarray) else a for a in base])
         for k, arrays in enumerate(variants):
             tag = f"{getattr(efn, '__name__', 'op')} {dt} {'noncontig' if k else 'contig'} shapes={shapes}"
             want_grad = grad and dt.is_floating_point
-            e_in = [ember.from_numpy(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a for a in arrays]
-            t_in = [to_torch(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a for a in arrays]
+            e_in = [
+                ember.from_numpy(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a
+                for a in arrays
+            ]
+            t_in = [
+                to_torch(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a
+                for a in arrays
+            ]
             t_out = tfn(*t_in)
             e_out = efn(*e_in)
             assert_close(e_out, t_out, dt, tag + " forward", atol, rtol)
@@ -134,7 +147,9 @@ def check(
                     for i, (a, b) in enumerate(zip(e_in, t_in)):
                         if isinstance(b, torch.Tensor) and b.requires_grad:
                             if b.grad is None:
-                                assert a.grad is None or not np.any(a.grad.numpy()), f"{tag}: grad {i} should be None"
+                                assert a.grad is None or not np.any(a.grad.numpy()), (
+                                    f"{tag}: grad {i} should be None"
+                                )
                             else:
                                 assert a.grad is not None, f"{tag}: missing grad for input {i}"
                                 assert_close(a.grad, b.grad, dt, f"{tag} grad[{i}]", atol, rtol)
@@ -146,14 +161,32 @@ def check(
                 for om, oe in zip(outs_m, outs_e):
                     if isinstance(oe, ember.Tensor):
                         assert om.device == "meta", f"{tag}: meta output on {om.device}"
-                        assert om.shape == oe.shape and om.dtype == oe.dtype, f"{tag}: meta {om.shape}/{om.dtype}"
+                        assert om.shape == oe.shape and om.dtype == oe.dtype, (
+                            f"{tag}: meta {om.shape}/{om.dtype}"
+                        )
 
 
-def gradcheck(efn, shapes, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-4, positive=False, low=-2.0, high=2.0, seed: int = 0) -> None:
+def gradcheck(
+    efn,
+    shapes,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    positive=False,
+    low=-2.0,
+    high=2.0,
+    seed: int = 0,
+) -> None:
     """Compare ember's analytic gradient with central finite differences in float64."""
     rng = np.random.default_rng(seed)
-    arrays = [rand_array(s, ember.float64, rng, low, high, positive) if isinstance(s, tuple) else s for s in shapes]
-    ins = [ember.from_numpy(a.copy()).requires_grad_() if isinstance(a, np.ndarray) else a for a in arrays]
+    arrays = [
+        rand_array(s, ember.float64, rng, low, high, positive) if isinstance(s, tuple) else s
+        for s in shapes
+    ]
+    ins = [
+        ember.from_numpy(a.copy()).requires_grad_() if isinstance(a, np.ndarray) else a
+        for a in arrays
+    ]
     out = efn(*ins)
     out = out[0] if isinstance(out, (tuple, list)) else out
     w = rng.standard_normal(tuple(out.shape))
@@ -168,10 +201,15 @@ def gradcheck(efn, shapes, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 
             vals = []
             for d in (eps, -eps):
                 flat[j] = old + d
-                args = [ember.from_numpy(x.reshape(x.shape)) if isinstance(x, np.ndarray) else x for x in arrays]
+                args = [
+                    ember.from_numpy(x.reshape(x.shape)) if isinstance(x, np.ndarray) else x
+                    for x in arrays
+                ]
                 o = efn(*args)
                 o = o[0] if isinstance(o, (tuple, list)) else o
                 vals.append(float((o.detach().numpy() * w).sum()))
             flat[j] = old
             num.reshape(-1)[j] = (vals[0] - vals[1]) / (2 * eps)
-        np.testing.assert_allclose(ins[i].grad.numpy(), num, atol=atol, rtol=rtol, err_msg=f"gradcheck input {i}")
+        np.testing.assert_allclose(
+            ins[i].grad.numpy(), num, atol=atol, rtol=rtol, err_msg=f"gradcheck input {i}"
+        )

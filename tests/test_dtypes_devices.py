@@ -85,10 +85,16 @@ def test_creation_ops_match_torch():
         (ember.full((2,), 1.5), torch.full((2,), 1.5)),
         (ember.zeros(2, 3, dtype=ember.int32), torch.zeros(2, 3, dtype=torch.int32)),
         (ember.ones((4,)), torch.ones((4,))),
-        (ember.zeros_like(ember.ones(2, dtype=ember.float16)), torch.zeros_like(torch.ones(2, dtype=torch.float16))),
+        (
+            ember.zeros_like(ember.ones(2, dtype=ember.float16)),
+            torch.zeros_like(torch.ones(2, dtype=torch.float16)),
+        ),
         (ember.full_like(ember.ones(2), 3), torch.full_like(torch.ones(2), 3)),
         (ember.tensor(3.5), torch.tensor(3.5)),
-        (ember.tensor([[1, 2], [3, 4]], dtype=ember.float64), torch.tensor([[1, 2], [3, 4]], dtype=torch.float64)),
+        (
+            ember.tensor([[1, 2], [3, 4]], dtype=ember.float64),
+            torch.tensor([[1, 2], [3, 4]], dtype=torch.float64),
+        ),
     ]
     for e, t in pairs:
         assert tuple(e.shape) == tuple(t.shape)

@@ -1,9 +1,12 @@
 """ember: a minimalist machine-learning framework with a PyTorch-shaped API and no PyTorch."""
 
+import builtins as _builtins
+
 from ember import errors
 from ember.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from ember.device import Device, cuda_if_available
 from ember.device import Device as device
+from ember.dtypes import DType as dtype
 from ember.dtypes import (
     bfloat16,
     bool_,
@@ -26,7 +29,6 @@ from ember.dtypes import (
     short,
     uint8,
 )
-from ember.dtypes import DType as dtype
 from ember.ops import *  # noqa: F403
 from ember.ops import cast, linalg, to_device
 from ember.tensor import Size, Tensor
@@ -62,7 +64,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'ember' has no attribute {name!r}")
 
 
-def is_tensor(obj) -> "builtins.bool":  # noqa: F821
+def is_tensor(obj) -> _builtins.bool:
     """Whether obj is an ember Tensor."""
     return isinstance(obj, Tensor)
 
@@ -71,11 +73,11 @@ class cuda:  # noqa: N801  (mirrors torch.cuda)
     """torch.cuda look-alike: ember has no CUDA backend installed."""
 
     @staticmethod
-    def is_available() -> "builtins.bool":  # noqa: F821
+    def is_available() -> _builtins.bool:
         """Always False here."""
         return False
 
     @staticmethod
-    def device_count() -> "builtins.int":  # noqa: F821
+    def device_count() -> _builtins.int:
         """Always 0 here."""
         return 0

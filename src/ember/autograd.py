@@ -124,7 +124,9 @@ class Function:
 
     meta = None
     released = False
-    _out_ref = staticmethod(lambda: None)  # weak reference to the output tensor, set by Tensor._wrap
+    _out_ref = staticmethod(
+        lambda: None
+    )  # weak reference to the output tensor, set by Tensor._wrap
 
     def forward(self, *arrays, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -281,7 +283,9 @@ def _default_grads(tensors, grad_tensors) -> list:
         else:
             ga = np.asarray(g._data if hasattr(g, "_data") else g, dtype=t._data.dtype)
             if ga.shape != t._data.shape:
-                raise ShapeError(f"backward: gradient shape {ga.shape} does not match output shape {t._data.shape}")
+                raise ShapeError(
+                    f"backward: gradient shape {ga.shape} does not match output shape {t._data.shape}"
+                )
             out.append(ga)
     return out
 
@@ -294,7 +298,9 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None) -> No
             grad_tensors = [grad_tensors]
     for t in tensors:
         if not t.requires_grad:
-            raise AutogradError("element 0 of tensors does not require grad and does not have a grad_fn")
+            raise AutogradError(
+                "element 0 of tensors does not require grad and does not have a grad_fn"
+            )
     with no_grad():
         _run_backward(tensors, _default_grads(tensors, grad_tensors), bool(retain_graph))
 
@@ -319,10 +325,15 @@ def grad(
         grad_outputs = [grad_outputs]
     reachable = {id(n) for n in _topo([_node(t) for t in outputs])}
     if not allow_unused and any(id(_node(t)) not in reachable for t in inputs):
-        raise AutogradError("one of the differentiated tensors was not used in the graph; pass allow_unused=True")
+        raise AutogradError(
+            "one of the differentiated tensors was not used in the graph; pass allow_unused=True"
+        )
     with no_grad():
         got = _run_backward(
-            outputs, _default_grads(outputs, grad_outputs), bool(retain_graph), {id(_node(t)): id(t) for t in inputs}
+            outputs,
+            _default_grads(outputs, grad_outputs),
+            bool(retain_graph),
+            {id(_node(t)): id(t) for t in inputs},
         )
     res = []
     for t in inputs:

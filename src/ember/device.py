@@ -28,7 +28,9 @@ class Device:
         self.index = index
 
     def __repr__(self) -> str:
-        return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
+        return f"device(type='{self.type}'" + (
+            f", index={self.index})" if self.index is not None else ")"
+        )
 
     def __str__(self) -> str:
         return self.type if self.index is None else f"{self.type}:{self.index}"
@@ -39,7 +41,10 @@ class Device:
                 other = Device(other)
             except DeviceError:
                 return False
-        return isinstance(other, Device) and (self.type, self.index or 0) == (other.type, other.index or 0)
+        return isinstance(other, Device) and (self.type, self.index or 0) == (
+            other.type,
+            other.index or 0,
+        )
 
     def __hash__(self) -> int:
         return hash((self.type, self.index or 0))

@@ -102,7 +102,7 @@ def get_dtype(spec) -> DType:
         raise DTypeError(f"unsupported dtype {spec!r}") from None
 
 
-_pyfloat, _pyint, _pybool = type(1.0), type(1), type(True)
+_pyfloat, _pyint, _pybool = type(1.0), type(1), type(True)  # noqa: UP003 (names shadowed above)
 
 
 def from_numpy_dtype(d: np.dtype) -> DType:

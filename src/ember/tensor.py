@@ -31,7 +31,16 @@ class Size(tuple):
 class Tensor:
     """An n-dimensional array with a dtype, a device and (optionally) a gradient."""
 
-    __slots__ = ("_data", "_device", "requires_grad", "grad", "_ctx", "_retain", "_hooks", "__weakref__")
+    __slots__ = (
+        "_data",
+        "_device",
+        "requires_grad",
+        "grad",
+        "_ctx",
+        "_retain",
+        "_hooks",
+        "__weakref__",
+    )
     __array_ufunc__ = None  # numpy defers to our reflected operators
 
     def __init__(self, data, dtype=None, device=None, requires_grad: bool = False) -> None:
@@ -182,7 +191,9 @@ class Tensor:
         if self._device is META:
             raise DeviceError("a meta tensor has no data; move it to 'cpu' with real values first")
         if self.requires_grad and not force:
-            raise AutogradError("can't call numpy() on a tensor that requires grad; use .detach().numpy()")
+            raise AutogradError(
+                "can't call numpy() on a tensor that requires grad; use .detach().numpy()"
+            )
         return self._data
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -204,8 +215,14 @@ class Tensor:
         if self._device is META:
             raise DeviceError("item() on a meta tensor: it has no data")
         if self._data.size != 1:
-            raise ShapeError(f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar")
-        v = self._data.reshape(()).item() if self._data.dtype != _dt.bfloat16.np else float(self._data.reshape(()))
+            raise ShapeError(
+                f"item(): a tensor with {self._data.size} elements cannot be converted to a scalar"
+            )
+        v = (
+            self._data.reshape(()).item()
+            if self._data.dtype != _dt.bfloat16.np
+            else float(self._data.reshape(()))
+        )
         return v
 
     def tolist(self):
@@ -230,7 +247,9 @@ class Tensor:
 
     def __bool__(self) -> bool:
         if self._data.size != 1:
-            raise ShapeError(f"boolean value of a tensor with {self._data.size} elements is ambiguous")
+            raise ShapeError(
+                f"boolean value of a tensor with {self._data.size} elements is ambiguous"
+            )
         return bool(self.item())
 
     def __len__(self) -> int:
@@ -383,7 +402,9 @@ class Tensor:
             raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
         self._hooks = (*self._hooks, hook)
 
-    def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False) -> None:
+    def backward(
+        self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False
+    ) -> None:
         """Compute gradients of this tensor with respect to graph leaves."""
         autograd.backward([self], None if gradient is None else [gradient], retain_graph)
 
@@ -410,7 +431,9 @@ class Tensor:
         src = out._data
         if src.dtype != self._data.dtype:
             if _dt.from_numpy_dtype(src.dtype).category > self.dtype.category:
-                raise DTypeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
+                raise DTypeError(
+                    f"result type {out.dtype} can't be cast to the desired output type {self.dtype}"
+                )
         if np.broadcast_shapes(src.shape, self._data.shape) != self._data.shape:
             raise ShapeError(
                 f"in-place op: output with shape {self._data.shape} doesn't match the broadcast shape {src.shape}"
@@ -430,7 +453,9 @@ _DEVICE_NAMES = ("cpu", "meta", "cuda")
 def _wrap_dim(dim: int, ndim: int) -> int:
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(f"dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+        raise IndexError(
+            f"dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
     return dim % n
 
 

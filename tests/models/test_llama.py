@@ -51,7 +51,9 @@ def test_logits_and_greedy_match_transformers(tmp_path, name):
 
     prompt = ids[0, :7].tolist()
     with torch.no_grad():
-        out = ref.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32)
+        out = ref.generate(
+            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32
+        )
     want_tokens = out[0, len(prompt) :].tolist()
     got_tokens = [s[0] for s in generate_tokens(model, prompt, 32)]
     assert got_tokens == want_tokens

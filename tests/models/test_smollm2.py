@@ -24,13 +24,18 @@ def test_weights_stay_quantized_and_mapped(smol):
     model, _, _ = smol
     w = model.model.layers[0].self_attn.q_proj.weight
     assert isinstance(w, QTensor) and w.qtype == "Q4_1"
-    assert isinstance(model.lm_head.weight, QTensor) and model.lm_head.weight is model.model.embed_tokens.weight
+    assert (
+        isinstance(model.lm_head.weight, QTensor)
+        and model.lm_head.weight is model.model.embed_tokens.weight
+    )
     assert not w.data.flags.owndata  # a view into the memory map, never copied
 
 
 def test_capital_of_france(smol):
     model, tok, _ = smol
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     answer = generate(model, tok, prompt, max_new_tokens=24, add_special_tokens=False)
     assert "Paris" in answer, answer
 
@@ -39,7 +44,9 @@ def test_logits_match_float_reference_from_the_same_gguf(smol):
     import transformers
 
     model, tok, path = smol
-    ref = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
     ids = tok.encode("The quick brown fox jumps over the lazy dog because")
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
@@ -55,7 +62,12 @@ def test_streaming_pieces_join_to_the_full_text(smol):
 
     model, tok, _ = smol
     pieces = list(stream_text(model, tok, "Once upon a time", 20))
-    ids = [s[0] for s in generate_tokens(model, tok.encode("Once upon a time"), 20, stop_token_ids=tok.eos_token_ids)]
+    ids = [
+        s[0]
+        for s in generate_tokens(
+            model, tok.encode("Once upon a time"), 20, stop_token_ids=tok.eos_token_ids
+        )
+    ]
     ids = [i for i in ids if i not in tok.eos_token_ids]
     assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
     assert len(pieces) > 1

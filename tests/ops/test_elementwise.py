@@ -59,8 +59,14 @@ def test_unary_int_input_promotes_to_float(name):
 
 ACT = [
     (lambda x: ember.gelu(x), lambda x: torch.nn.functional.gelu(x)),
-    (lambda x: ember.gelu(x, approximate="tanh"), lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
-    (lambda x: ember.softplus(x, beta=2.0, threshold=3.0), lambda x: torch.nn.functional.softplus(x, 2.0, 3.0)),
+    (
+        lambda x: ember.gelu(x, approximate="tanh"),
+        lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    ),
+    (
+        lambda x: ember.softplus(x, beta=2.0, threshold=3.0),
+        lambda x: torch.nn.functional.softplus(x, 2.0, 3.0),
+    ),
     (lambda x: ember.leaky_relu(x, 0.1), lambda x: torch.nn.functional.leaky_relu(x, 0.1)),
     (lambda x: ember.elu(x, 0.7), lambda x: torch.nn.functional.elu(x, 0.7)),
     (ember.hardswish, torch.nn.functional.hardswish),
@@ -74,7 +80,14 @@ ACT = [
 
 def test_hardsigmoid():
     # torch computes the 1/6 slope of the float64 backward in float32, so compare f32 only
-    check(ember.hardsigmoid, torch.nn.functional.hardsigmoid, [(4, 7)], low=-5, high=5, dtypes=(ember.float32,))
+    check(
+        ember.hardsigmoid,
+        torch.nn.functional.hardsigmoid,
+        [(4, 7)],
+        low=-5,
+        high=5,
+        dtypes=(ember.float32,),
+    )
     gradcheck(ember.hardsigmoid, [(3, 4)], low=-5, high=5)
 
 
@@ -96,7 +109,14 @@ BINARY = [
     (ember.minimum, torch.minimum),
     (ember.atan2, torch.atan2),
 ]
-SHAPES = [[(3, 4), (3, 4)], [(3, 1), (1, 4)], [(2, 3, 4), (4,)], [(), (3,)], [(0, 3), (1, 3)], [(5,), ()]]
+SHAPES = [
+    [(3, 4), (3, 4)],
+    [(3, 1), (1, 4)],
+    [(2, 3, 4), (4,)],
+    [(), (3,)],
+    [(0, 3), (1, 3)],
+    [(5,), ()],
+]
 
 
 @pytest.mark.parametrize("i", range(len(BINARY)))
@@ -126,7 +146,7 @@ def test_int_and_float_division(op):
         return getattr(a, op)(b) if op.startswith("__") else getattr(type(a), op)(a, b)
 
     rng = np.random.default_rng(0)
-    for dt, tdt in [(np.int64, torch.int64), (np.int32, torch.int32), (np.float32, torch.float32)]:
+    for dt, _tdt in [(np.int64, torch.int64), (np.int32, torch.int32), (np.float32, torch.float32)]:
         a = rng.integers(-20, 20, (5, 6)).astype(dt)
         b = rng.choice([-7, -3, -1, 1, 2, 5], (5, 6)).astype(dt)
         r = f(ember.from_numpy(a), ember.from_numpy(b))
@@ -183,10 +203,22 @@ def test_comparisons_and_logic():
     rng = np.random.default_rng(2)
     a, b = rng.integers(0, 3, (4, 5)), rng.integers(0, 3, (5,))
     ea, eb, ta, tb = ember.tensor(a), ember.tensor(b), torch.tensor(a), torch.tensor(b)
-    for op in ["__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__", "__or__", "__xor__"]:
+    for op in [
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__and__",
+        "__or__",
+        "__xor__",
+    ]:
         assert np.array_equal(getattr(ea, op)(eb).numpy(), getattr(ta, op)(tb).numpy()), op
     for op in ["logical_and", "logical_or", "logical_xor"]:
-        assert np.array_equal(getattr(ember, op)(ea, eb).numpy(), getattr(torch, op)(ta, tb).numpy()), op
+        assert np.array_equal(
+            getattr(ember, op)(ea, eb).numpy(), getattr(torch, op)(ta, tb).numpy()
+        ), op
     assert np.array_equal((~(ea > 1)).numpy(), (~(ta > 1)).numpy())
     assert np.array_equal((~ea).numpy(), (~ta).numpy())
     x = ember.tensor([1.0, float("nan"), float("inf"), -float("inf")])
@@ -196,7 +228,11 @@ def test_comparisons_and_logic():
 
 
 def test_where_grad_and_broadcast():
-    check(lambda c, a, b: ember.where(c > 0, a, b), lambda c, a, b: torch.where(c > 0, a, b), [(3, 4), (3, 1), (4,)])
+    check(
+        lambda c, a, b: ember.where(c > 0, a, b),
+        lambda c, a, b: torch.where(c > 0, a, b),
+        [(3, 4), (3, 1), (4,)],
+    )
 
 
 def test_reflected_with_scalars():

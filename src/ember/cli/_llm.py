@@ -7,7 +7,10 @@ import argparse
 
 def add_model_and_sampling(p: argparse.ArgumentParser) -> None:
     """--model and every sampler option."""
-    p.add_argument("--model", help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model",
+        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="most new tokens (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)

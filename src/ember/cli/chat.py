@@ -23,7 +23,15 @@ def answer(model, tok, history: list[dict], args, out=sys.stdout) -> str:
 
     prompt = tok.apply_chat_template(history, add_generation_prompt=True)
     pieces, t0 = [], time.perf_counter()
-    for piece in stream_text(model, tok, prompt, args.max_tokens, sampling_from(args), args.stop, add_special_tokens=False):
+    for piece in stream_text(
+        model,
+        tok,
+        prompt,
+        args.max_tokens,
+        sampling_from(args),
+        args.stop,
+        add_special_tokens=False,
+    ):
         pieces.append(piece)
         out.write(piece)
         out.flush()

@@ -16,9 +16,17 @@ GGUF_META_KEY = "gguf.metadata"  # safetensors metadata entry carrying GGUF meta
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register this command's options."""
     p.add_argument("src", help="input: .pt/.pth/.bin, .safetensors or .gguf")
-    p.add_argument("dst", help="output: .safetensors, .gguf, or a folder (GGUF -> Hugging Face layout)")
-    p.add_argument("--quantize", metavar="QTYPE", help="with a .gguf output: q8_0, q4_0, q4_1, q4_k, q6_k")
-    p.add_argument("--dtype", default=None, help="float dtype for float outputs (default: keep; GGUF -> float32)")
+    p.add_argument(
+        "dst", help="output: .safetensors, .gguf, or a folder (GGUF -> Hugging Face layout)"
+    )
+    p.add_argument(
+        "--quantize", metavar="QTYPE", help="with a .gguf output: q8_0, q4_0, q4_1, q4_k, q6_k"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="float dtype for float outputs (default: keep; GGUF -> float32)",
+    )
 
 
 def flatten_state(obj, prefix: str = "") -> dict[str, np.ndarray]:
@@ -41,7 +49,10 @@ def _cast(arrays: dict, dtype: str | None) -> dict:
     from ember.dtypes import get_dtype
 
     dt = get_dtype(dtype).np
-    return {k: v.astype(dt) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v for k, v in arrays.items()}
+    return {
+        k: v.astype(dt) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v
+        for k, v in arrays.items()
+    }
 
 
 def torch_to_safetensors(src: Path, dst: Path, dtype: str | None = None) -> int:
@@ -52,7 +63,9 @@ def torch_to_safetensors(src: Path, dst: Path, dtype: str | None = None) -> int:
     arrays = _cast(flatten_state(load_torch(src)), dtype)
     if not arrays:
         raise EmberError(f"{src}: no tensors found in the checkpoint")
-    save_safetensors({k: np.ascontiguousarray(v) for k, v in arrays.items()}, dst, metadata={"format": "pt"})
+    save_safetensors(
+        {k: np.ascontiguousarray(v) for k, v in arrays.items()}, dst, metadata={"format": "pt"}
+    )
     return len(arrays)
 
 
@@ -65,8 +78,16 @@ def gguf_to_safetensors(src: Path, dst: Path, dtype: str | None = None) -> int:
     f = open_gguf(src)
     arrays = {}
     for name, info in progress(f.tensors.items(), len(f.tensors), "dequantize", "tensor"):
-        arrays[name] = dequantize(info.data, info.qtype, info.shape) if info.is_quantized else np.array(info.data)
-    meta = {GGUF_META_KEY: json.dumps({"metadata": f.metadata, "types": f.metadata_types}, default=_jsonable)}
+        arrays[name] = (
+            dequantize(info.data, info.qtype, info.shape)
+            if info.is_quantized
+            else np.array(info.data)
+        )
+    meta = {
+        GGUF_META_KEY: json.dumps(
+            {"metadata": f.metadata, "types": f.metadata_types}, default=_jsonable
+        )
+    }
     save_safetensors(_cast(arrays, dtype), dst, metadata=meta)
     return len(arrays)
 
@@ -93,14 +114,23 @@ def safetensors_to_gguf(src: Path, dst: Path, quantize: str | None = None) -> in
     meta.setdefault("general.architecture", "unknown")
     qt = quantize.upper() if quantize else None
     if qt and qt not in QUANTIZE_TYPES:
-        raise UnsupportedError(f"--quantize {quantize}: supported are {', '.join(sorted(QUANTIZE_TYPES))}")
+        raise UnsupportedError(
+            f"--quantize {quantize}: supported are {', '.join(sorted(QUANTIZE_TYPES))}"
+        )
     tensors = {}
     for name in progress(f.keys(), len(f.keys()), "convert", "tensor"):
         a = np.asarray(f.get(name))
-        if qt and a.ndim == 2 and a.dtype.kind == "f" and a.shape[1] % block_format(qt).block_size == 0:
+        if (
+            qt
+            and a.ndim == 2
+            and a.dtype.kind == "f"
+            and a.shape[1] % block_format(qt).block_size == 0
+        ):
             tensors[name] = (quantize_array(a.astype(np.float32), qt), qt, a.shape)
         else:
-            tensors[name] = np.ascontiguousarray(a.astype(np.float32) if a.dtype.name == "bfloat16" else a)
+            tensors[name] = np.ascontiguousarray(
+                a.astype(np.float32) if a.dtype.name == "bfloat16" else a
+            )
     save_gguf(dst, meta, tensors, metadata_types=types)
     return len(tensors)
 
@@ -115,7 +145,11 @@ def gguf_to_hf(src: Path, dst: Path, dtype: str | None = None) -> int:
     cfg = config_from_gguf(f.metadata, set(f.tensors))
     arrays = {}
     for name, info in f.tensors.items():
-        arrays[gguf_to_hf_name(name)] = dequantize(info.data, info.qtype, info.shape) if info.is_quantized else np.array(info.data)
+        arrays[gguf_to_hf_name(name)] = (
+            dequantize(info.data, info.qtype, info.shape)
+            if info.is_quantized
+            else np.array(info.data)
+        )
     dst.mkdir(parents=True, exist_ok=True)
     save_safetensors(_cast(arrays, dtype), dst / "model.safetensors", metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -20,7 +20,7 @@ def describe(model) -> dict:
     params = 0
     seen = set()
     for mod in model.modules():
-        for name, w in list(mod._parameters.items()) + [("weight", getattr(mod, "weight", None))]:
+        for _name, w in list(mod._parameters.items()) + [("weight", getattr(mod, "weight", None))]:
             if w is None or id(w) in seen:
                 continue
             seen.add(id(w))
@@ -35,7 +35,12 @@ def describe(model) -> dict:
             else:
                 continue
             params += n
-    return {"architecture": type(model).__name__, "parameters": params, "by_type": dict(kinds), "bytes": dict(nbytes)}
+    return {
+        "architecture": type(model).__name__,
+        "parameters": params,
+        "by_type": dict(kinds),
+        "bytes": dict(nbytes),
+    }
 
 
 def run(args) -> int:
@@ -49,7 +54,9 @@ def run(args) -> int:
     cfg = model.config
     print(f"model:        {path}")
     print(f"architecture: {d['architecture']} ({cfg.model_type})")
-    print(f"layers:       {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, heads {cfg.num_attention_heads} (kv {cfg.num_key_value_heads}), ffn {cfg.intermediate_size}")
+    print(
+        f"layers:       {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, heads {cfg.num_attention_heads} (kv {cfg.num_key_value_heads}), ffn {cfg.intermediate_size}"
+    )
     theta = getattr(cfg, "rope_theta", None)
     rope = f", rope theta {theta:g}" if theta else ""
     print(f"vocab:        {cfg.vocab_size}, context {cfg.max_position_embeddings}{rope}")

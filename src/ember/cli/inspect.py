@@ -12,7 +12,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register this command's options."""
     p.add_argument("file", help=".safetensors, .gguf, or a torch .pt/.pth/.bin checkpoint")
     p.add_argument("--limit", type=int, default=40, help="tensors to list (0 = all)")
-    p.add_argument("--metadata-values", type=int, default=8, help="list items shown per metadata value")
+    p.add_argument(
+        "--metadata-values", type=int, default=8, help="list items shown per metadata value"
+    )
 
 
 def _short(v, n: int) -> str:
@@ -48,7 +50,9 @@ def table(path: Path) -> tuple[str, dict, list[tuple[str, str, tuple, int]]]:
         arrays = flatten_state(load_torch(path))
         rows = [(n, str(a.dtype), tuple(a.shape), a.nbytes) for n, a in arrays.items()]
         return "PyTorch checkpoint", {}, rows
-    raise EmberError(f"{path}: unknown model file type {suffix!r} (expected .gguf, .safetensors, .pt/.pth/.bin)")
+    raise EmberError(
+        f"{path}: unknown model file type {suffix!r} (expected .gguf, .safetensors, .pt/.pth/.bin)"
+    )
 
 
 def run(args) -> int:
@@ -60,7 +64,9 @@ def run(args) -> int:
     total = sum(r[3] for r in rows)
     print(f"file:     {path}")
     print(f"format:   {fmt}")
-    print(f"size:     {path.stat().st_size / 2**20:.1f} MiB, {len(rows)} tensors, {total / 2**20:.1f} MiB of data")
+    print(
+        f"size:     {path.stat().st_size / 2**20:.1f} MiB, {len(rows)} tensors, {total / 2**20:.1f} MiB of data"
+    )
     if meta:
         print("metadata:")
         for k, v in meta.items():

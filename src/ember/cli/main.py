@@ -22,7 +22,9 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command registered."""
-    parser = argparse.ArgumentParser(prog="ember", description="ember: run, convert and serve models on the CPU.")
+    parser = argparse.ArgumentParser(
+        prog="ember", description="ember: run, convert and serve models on the CPU."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -13,7 +13,9 @@ def _parent(model, name: str):
     try:
         return (model.get_submodule(prefix) if prefix else model), leaf
     except (AttributeError, KeyError, ember.errors.EmberError):
-        raise FormatError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}") from None
+        raise FormatError(
+            f"checkpoint tensor {name!r} has no place in {type(model).__name__}"
+        ) from None
 
 
 def assign_weights(model, weights: dict, dtype=None, strict: bool = True) -> None:
@@ -38,7 +40,9 @@ def assign_weights(model, weights: dict, dtype=None, strict: bool = True) -> Non
                 continue
             if isinstance(mod, ember.nn.Embedding) and leaf == "weight":
                 _check_shape(name, expected.get(name), value.shape)
-                setattr(*_parent(model, name.rpartition(".")[0]), QEmbedding(value, mod.padding_idx))
+                setattr(
+                    *_parent(model, name.rpartition(".")[0]), QEmbedding(value, mod.padding_idx)
+                )
                 continue
             value = value.dequantize()
         arr = np.asarray(value)
@@ -55,7 +59,9 @@ def assign_weights(model, weights: dict, dtype=None, strict: bool = True) -> Non
 
 def _check_shape(name: str, param, shape) -> None:
     if param is not None and tuple(param.shape) != tuple(shape):
-        raise ShapeError(f"{name}: checkpoint shape {tuple(shape)} does not fit the model's {tuple(param.shape)}")
+        raise ShapeError(
+            f"{name}: checkpoint shape {tuple(shape)} does not fit the model's {tuple(param.shape)}"
+        )
 
 
 def tie_embeddings(model) -> None:

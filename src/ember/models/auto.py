@@ -56,7 +56,12 @@ def config_from_gguf(meta: dict, tensor_names) -> dict:
     hidden = int(g("embedding_length"))
     vocab = g("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
     cfg = {
-        "model_type": {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}.get(arch, arch),
+        "model_type": {
+            "llama": "llama",
+            "mistral": "mistral",
+            "qwen2": "qwen2",
+            "qwen3": "qwen3",
+        }.get(arch, arch),
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": int(g("feed_forward_length")),
@@ -155,7 +160,9 @@ def _from_hf_dir(path: Path, dtype):
 
     cfg = json.loads((path / "config.json").read_text())
     model = _build(cfg)
-    if (path / "model.safetensors.index.json").is_file() or not (path / "model.safetensors").is_file():
+    if (path / "model.safetensors.index.json").is_file() or not (
+        path / "model.safetensors"
+    ).is_file():
         weights = load_safetensors_dir(path)
     else:
         weights = load_safetensors(path / "model.safetensors")

@@ -36,5 +36,7 @@ def resolve(model: str | None) -> Path:
         return default_model_path()
     p = Path(model).expanduser()
     if not p.exists():
-        raise EmberError(f"model path {model!r} does not exist (ember never downloads: give a local file or folder)")
+        raise EmberError(
+            f"model path {model!r} does not exist (ember never downloads: give a local file or folder)"
+        )
     return p

@@ -7,7 +7,18 @@ import numpy as np
 from ember import dtypes as _dt
 from ember.autograd import Function, meta_array
 from ember.device import CPU, META
-from ember.ops import conv, creation, elementwise, index, linalg, movement, pool, random, reduce, rope
+from ember.ops import (
+    conv,
+    creation,
+    elementwise,
+    index,
+    linalg,
+    movement,
+    pool,
+    random,
+    reduce,
+    rope,
+)
 from ember.ops._util import cast
 from ember.ops.conv import *  # noqa: F403
 from ember.ops.creation import *  # noqa: F403
@@ -143,7 +154,9 @@ def _bind() -> None:
     if hasattr(index, "getitem"):
         T.__getitem__ = index.getitem
         T.__setitem__ = index.setitem
-    T.T = property(lambda a: movement.permute(a, tuple(range(a.ndim - 1, -1, -1))), doc="All dims reversed.")
+    T.T = property(
+        lambda a: movement.permute(a, tuple(range(a.ndim - 1, -1, -1))), doc="All dims reversed."
+    )
     T.mT = property(lambda a: movement.transpose(a, -2, -1), doc="The last two dims swapped.")
     T.H = T.mT
 

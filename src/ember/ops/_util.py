@@ -24,7 +24,9 @@ def wrap_dim(dim: int, ndim: int) -> int:
     """Normalise a possibly negative dim; IndexError when out of range (as torch)."""
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(f"dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+        raise IndexError(
+            f"dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
+        )
     return dim % n
 
 
@@ -97,7 +99,9 @@ def coerce(a, b, floating: bool = False):
         dt = _dt.result_type(a, b)
         a = scalar(a, dt, b)
     else:
-        raise DTypeError(f"expected at least one tensor, got {type(a).__name__} and {type(b).__name__}")
+        raise DTypeError(
+            f"expected at least one tensor, got {type(a).__name__} and {type(b).__name__}"
+        )
     if floating:
         base = dt or a.dtype
         if not base.is_floating_point:

@@ -52,7 +52,9 @@ def _to_array(data, dtype=None) -> np.ndarray:
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new tensor copying data (Python numbers, nested lists, numpy arrays)."""
     arr = _to_array(data, dtype)
-    if isinstance(data, (np.ndarray, Tensor)) and (arr is data or (isinstance(data, Tensor) and arr is data._data)):
+    if isinstance(data, (np.ndarray, Tensor)) and (
+        arr is data or (isinstance(data, Tensor) and arr is data._data)
+    ):
         arr = arr.copy()
     return Tensor(arr, device=device, requires_grad=requires_grad)
 
@@ -111,7 +113,13 @@ def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False)
     """A tensor filled with fill_value (dtype inferred from it as torch does)."""
     if dtype is None:
         dtype = _dt.result_type(fill_value)
-    return _make((tuple(size),) if not isinstance(size, int) else (size,), dtype, device, requires_grad, fill_value)
+    return _make(
+        (tuple(size),) if not isinstance(size, int) else (size,),
+        dtype,
+        device,
+        requires_grad,
+        fill_value,
+    )
 
 
 def _like(x: Tensor, dtype, device):
@@ -136,7 +144,9 @@ def empty_like(input: Tensor, dtype=None, device=None, requires_grad: bool = Fal
     return _make(input.shape, dt, dev, requires_grad, None)
 
 
-def full_like(input: Tensor, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def full_like(
+    input: Tensor, fill_value, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """fill_value with input's shape, dtype and device."""
     dt, dev = _like(input, dtype, device)
     return _make(input.shape, dt, dev, requires_grad, fill_value)
@@ -152,11 +162,15 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
         dtype = _dt.result_type(start, end, step)
     dt = _dt.get_dtype(dtype)
     n = max(0, int(np.ceil((end - start) / step)))
-    arr = (start + step * np.arange(n, dtype=np.float64 if dt.is_floating_point else np.int64)).astype(dt.np)
+    arr = (
+        start + step * np.arange(n, dtype=np.float64 if dt.is_floating_point else np.int64)
+    ).astype(dt.np)
     return _finish(arr, device, requires_grad)
 
 
-def linspace(start, end, steps: int, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def linspace(
+    start, end, steps: int, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """steps evenly spaced values from start to end inclusive."""
     dt = _dt.get_dtype(dtype) if dtype is not None else _dt.get_default_dtype()
     arr = np.linspace(start, end, int(steps), dtype=np.float64).astype(dt.np)
@@ -169,7 +183,9 @@ def logspace(start, end, steps: int, base: float = 10.0, dtype=None, device=None
     return _finish(np.logspace(start, end, int(steps), base=base).astype(dt.np), device, False)
 
 
-def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def eye(
+    n: int, m: int | None = None, dtype=None, device=None, requires_grad: bool = False
+) -> Tensor:
     """The identity matrix (n x m)."""
     dt = _dt.get_dtype(dtype) if dtype is not None else _dt.get_default_dtype()
     return _finish(np.eye(n, m, dtype=dt.np), device, requires_grad)
@@ -185,4 +201,6 @@ def _finish(arr, device, requires_grad) -> Tensor:
 
 def scalar_tensor(value, dtype=None, device=None) -> Tensor:
     """A 0-d tensor."""
-    return tensor(value, dtype=dtype if dtype is not None else _dt.get_default_dtype(), device=device)
+    return tensor(
+        value, dtype=dtype if dtype is not None else _dt.get_default_dtype(), device=device
+    )

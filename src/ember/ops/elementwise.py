@@ -109,10 +109,20 @@ sinh = _unary("sinh", np.sinh, lambda x, y, g: g * np.cosh(x))
 cosh = _unary("cosh", np.cosh, lambda x, y, g: g * np.sinh(x))
 tanh = _unary("tanh", np.tanh, lambda x, y, g: g * (1 - y * y))
 sigmoid = _unary("sigmoid", _sigmoid, lambda x, y, g: g * y * (1 - y), doc="1 / (1 + exp(-x)).")
-relu = _unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype, copy=False), lambda x, y, g: g * (x > 0), False)
-silu = _unary("silu", lambda x: x * _sigmoid(x), lambda x, y, g: g * (s := _sigmoid(x)) * (1 + x * (1 - s)))
+relu = _unary(
+    "relu",
+    lambda x: np.maximum(x, 0).astype(x.dtype, copy=False),
+    lambda x, y, g: g * (x > 0),
+    False,
+)
+silu = _unary(
+    "silu", lambda x: x * _sigmoid(x), lambda x, y, g: g * (s := _sigmoid(x)) * (1 + x * (1 - s))
+)
 erf = _unary(
-    "erf", _erf, lambda x, y, g: g * (2 / math.sqrt(math.pi)) * np.exp(-x * x), doc="The error function."
+    "erf",
+    _erf,
+    lambda x, y, g: g * (2 / math.sqrt(math.pi)) * np.exp(-x * x),
+    doc="The error function.",
 )
 floor = _unary("floor", np.floor, _zero, False, "Round down.")
 ceil = _unary("ceil", np.ceil, _zero, False, "Round up.")
@@ -140,7 +150,9 @@ class Gelu(Unary):
         if approximate == "tanh":
             inner = _SQRT_2_PI * (x + 0.044715 * x**3)
             t = np.tanh(inner)
-            return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_PI * (1 + 3 * 0.044715 * x * x))
+            return g * (
+                0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_PI * (1 + 3 * 0.044715 * x * x)
+            )
         return g * (0.5 * (1 + _erf(x / _SQRT2)) + x * _INV_SQRT_2PI * np.exp(-0.5 * x * x))
 
 
@@ -213,7 +225,9 @@ class Hardswish(Unary):
 
     @staticmethod
     def df(x, y, g):
-        return g * np.where(x < -3, 0.0, np.where(x > 3, 1.0, (2 * x + 3) / 6)).astype(g.dtype, copy=False)
+        return g * np.where(x < -3, 0.0, np.where(x > 3, 1.0, (2 * x + 3) / 6)).astype(
+            g.dtype, copy=False
+        )
 
 
 def hardswish(input: Tensor) -> Tensor:
@@ -328,7 +342,9 @@ class Sub(Function):
         return a - b if alpha == 1 else a - alpha * b
 
     def backward(self, g):
-        return unbroadcast(g, self.sa), unbroadcast(-g if self.alpha == 1 else -self.alpha * g, self.sb)
+        return unbroadcast(g, self.sa), unbroadcast(
+            -g if self.alpha == 1 else -self.alpha * g, self.sb
+        )
 
 
 class Mul(Function):
@@ -381,7 +397,9 @@ class Pow(Function):
         ga = gb = None
         with np.errstate(all="ignore"):
             if self.needs_input_grad[0]:
-                ga = unbroadcast(np.where(b == 0, 0, g * b * np.power(a, b - 1)).astype(g.dtype), a.shape)
+                ga = unbroadcast(
+                    np.where(b == 0, 0, g * b * np.power(a, b - 1)).astype(g.dtype), a.shape
+                )
             if self.needs_input_grad[1]:
                 gb = unbroadcast(np.where(a == 0, 0, g * y * np.log(a)).astype(g.dtype), b.shape)
         return ga, gb
@@ -404,7 +422,9 @@ class Maximum(Function):
         tie = (a == b) * 0.5
         wa = win + tie
         wb = (1 - win) - tie
-        return unbroadcast((g * wa).astype(g.dtype), a.shape), unbroadcast((g * wb).astype(g.dtype), b.shape)
+        return unbroadcast((g * wa).astype(g.dtype), a.shape), unbroadcast(
+            (g * wb).astype(g.dtype), b.shape
+        )
 
 
 class Minimum(Maximum):
@@ -439,7 +459,11 @@ class Where(Function):
 
     def backward(self, g):
         z = np.zeros((), g.dtype)
-        return None, unbroadcast(np.where(self.c, g, z), self.sa), unbroadcast(np.where(self.c, z, g), self.sb)
+        return (
+            None,
+            unbroadcast(np.where(self.c, g, z), self.sa),
+            unbroadcast(np.where(self.c, z, g), self.sb),
+        )
 
 
 class Remainder(Function):
@@ -498,7 +522,9 @@ def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
     if rounding_mode == "floor":
         return floor_divide(a, b)
     if rounding_mode != "trunc":
-        raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        raise ValueError(
+            f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}"
+        )
     if a.is_floating_point():
         return trunc(Div.apply(a, b))
     _int_div_check(b)
@@ -668,32 +694,53 @@ def logical_not(input: Tensor) -> Tensor:
 def bitwise_not(input: Tensor) -> Tensor:
     """Bitwise inversion of integer tensors, logical not of bool tensors."""
     if input.is_floating_point():
-        raise DTypeError(f"bitwise_not is only defined for integer and bool tensors, got {input.dtype}")
+        raise DTypeError(
+            f"bitwise_not is only defined for integer and bool tensors, got {input.dtype}"
+        )
     return nondiff(np.invert, input)
 
 
 def isnan(input: Tensor) -> Tensor:
     """Elementwise NaN test."""
-    return nondiff(lambda x: np.isnan(x) if x.dtype.kind == "f" or x.dtype in _LOW else np.zeros(x.shape, bool), input)
+    return nondiff(
+        lambda x: (
+            np.isnan(x) if x.dtype.kind == "f" or x.dtype in _LOW else np.zeros(x.shape, bool)
+        ),
+        input,
+    )
 
 
 def isinf(input: Tensor) -> Tensor:
     """Elementwise infinity test."""
-    return nondiff(lambda x: np.isinf(x) if x.dtype.kind == "f" or x.dtype in _LOW else np.zeros(x.shape, bool), input)
+    return nondiff(
+        lambda x: (
+            np.isinf(x) if x.dtype.kind == "f" or x.dtype in _LOW else np.zeros(x.shape, bool)
+        ),
+        input,
+    )
 
 
 def isfinite(input: Tensor) -> Tensor:
     """Elementwise finiteness test."""
-    return nondiff(lambda x: np.isfinite(x) if x.dtype.kind == "f" or x.dtype in _LOW else np.ones(x.shape, bool), input)
+    return nondiff(
+        lambda x: (
+            np.isfinite(x) if x.dtype.kind == "f" or x.dtype in _LOW else np.ones(x.shape, bool)
+        ),
+        input,
+    )
 
 
-def isclose(input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+def isclose(
+    input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False
+) -> Tensor:
     """Elementwise |a - b| <= atol + rtol * |b|."""
     a, b = coerce(input, other)
     return nondiff(lambda x, y: np.isclose(x, y, rtol=rtol, atol=atol, equal_nan=equal_nan), a, b)
 
 
-def allclose(input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+def allclose(
+    input: Tensor, other: Tensor, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False
+) -> bool:
     """Whether every element is close (see isclose)."""
     return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
 
@@ -711,8 +758,11 @@ def nan_to_num(input: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Ten
 __all__ = [
     n
     for n, v in list(globals().items())
-    if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") == __name__
-    and not isinstance(v, type) and n not in ("nondiff",)
+    if callable(v)
+    and not n.startswith("_")
+    and getattr(v, "__module__", "") == __name__
+    and not isinstance(v, type)
+    and n not in ("nondiff",)
 ]
 
 _NOT_METHODS = {"where", "allclose", "equal", "atan2", "arctan2"}

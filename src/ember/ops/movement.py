@@ -8,7 +8,6 @@ tril, diag, ...) and _join (cat, stack, hstack, ...).
 from __future__ import annotations
 
 import operator
-
 import weakref
 
 import numpy as np
