@@ -384,6 +384,35 @@ def _rewrite_sequential(seq: nn.Sequential) -> None:
         i += 1
 
 
+class OneThreadBLAS(nn.Module):
+    """Runs `module` with numpy's BLAS on one thread (the fused layers inside use the pool)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module" or "module" not in self.__dict__.get("_modules", {}):
+                raise
+            return getattr(self._modules["module"], name)  # config, num_labels, ...
+
+    def forward(self, *args, **kwargs):
+        """module(*args, **kwargs) under blas_single_thread(), without autograd."""
+        with blas_single_thread(), no_grad():
+            return self.module(*args, **kwargs)
+
+
+def fuse_children(m: nn.Module) -> nn.Module:
+    """Apply the generic rewrites to m's children (for fuse_for_inference hooks); returns m."""
+    for name, child in list(m._modules.items()):
+        if child is not None:
+            m._modules[name] = _rewrite(child)
+    return m
+
+
 def _rewrite(m: nn.Module) -> nn.Module:
     hook = getattr(m, "fuse_for_inference", None)
     if hook is not None:
@@ -400,10 +429,7 @@ def _rewrite(m: nn.Module) -> nn.Module:
         return fuse_conv_bn(m)
     if type(m) is nn.Linear and m.weight._data.dtype.kind == "f":
         return FusedLinear(m)
-    for name, child in list(m._modules.items()):
-        if child is not None:
-            m._modules[name] = _rewrite(child)
-    return m
+    return fuse_children(m)
 
 
 def optimize_for_inference(model: nn.Module, inplace: bool = False) -> nn.Module:

@@ -12,6 +12,7 @@ from transformers import ViTForImageClassification as HFClassifier
 from transformers import ViTModel as HFModel
 
 import ember
+from ember.models.fuse import optimize_for_inference
 from ember.models.vision import ViTConfig, ViTForImageClassification, ViTModel, vit_b_16
 from ember.models.vision.vit import legacy_key
 
@@ -84,6 +85,9 @@ def test_classifier_logits_match_transformers():
     with ember.no_grad():
         y = em.eval()(ember.from_numpy(x)).numpy()
     np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-4)
+    fast = optimize_for_inference(em)  # Linears on the worker pool, one-thread BLAS
+    assert type(fast).__name__ == "OneThreadBLAS" and fast.num_labels == 7
+    np.testing.assert_allclose(fast(ember.from_numpy(x)).numpy(), ref, atol=1e-4, rtol=1e-4)
 
 
 def test_vit_model_hidden_states_and_pooler_match(tmp_path):

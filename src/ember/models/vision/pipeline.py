@@ -79,6 +79,8 @@ class ImageClassifier:
             id2label = model.config.id2label
             if id2label:
                 labels = [id2label.get(str(i), str(i)) for i in range(len(id2label))]
+            if optimize:
+                model = optimize_for_inference(model, inplace=True)
             return cls(model, prep, labels)
         model = MODELS[name](weights=weights or "bundled")
         if optimize:
