@@ -178,7 +178,7 @@ def zoo(args) -> str:
             from ember.models.vision.vit import legacy_key
 
             em.load_state_dict({legacy_key(k): v.numpy() for k, v in tm.state_dict().items()})
-            em.eval()
+            em = optimize_for_inference(em.eval(), True)
         else:
             tm = None
             em = optimize_for_inference(efficientnet_lite0(weights="bundled"), True)
