@@ -15,11 +15,17 @@ What it does:
   a plain GEMM and a kxk one is a cheap im2col (kw*C contiguous floats per window row) plus a
   GEMM; depthwise convolutions, max pooling and the epilogue are numba kernels
   (ember.backends.cpu.kernels.conv_nhwc). im2col scratch memory is reused between layers.
+- Work is cut into blocks (~256 output pixels: im2col -> GEMM -> epilogue while the block is in
+  L2; or, for deep layers with few pixels, slices of output channels) that the threads of
+  ember.models._workers take one at a time, each with one-thread BLAS: one thread pool, no
+  barrier per op, and a thread the OS preempts delays one block only.
+- Linear layers become FusedLinear (output channels split over the same pool).
 - Float32 inference only: the fused model records no autograd graph (it is not for training).
 
 The rewrite walks the module tree: a module with ``fuse_for_inference()`` is replaced by what that
 returns; in a Sequential, (Conv2d, BatchNorm2d[, ReLU/ReLU6]) runs are fused and MaxPool2d /
-AdaptiveAvgPool2d(1) get channels-last versions; everything else is kept as it is.
+AdaptiveAvgPool2d(1) get channels-last versions; other Conv2d and Linear layers become their
+fused forms; everything else is kept as it is.
 """
 
 from __future__ import annotations
