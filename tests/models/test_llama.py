@@ -88,3 +88,16 @@ def test_meta_load_does_not_allocate_and_dtype_option(tmp_path):
     _, d = _save(tmp_path, "llama")
     model = AutoModelForCausalLM.from_pretrained(d, dtype="float64")
     assert model.model.layers[0].mlp.up_proj.weight.dtype is ember.float64
+
+
+def test_quantize_at_load_keeps_greedy_tokens_close(tmp_path):
+    from ember.quant import QLinear
+
+    _, d = _save(tmp_path, "llama")
+    dense = AutoModelForCausalLM.from_pretrained(d)
+    q8 = AutoModelForCausalLM.from_pretrained(d, quantize="q8_0")
+    assert isinstance(q8.model.layers[0].mlp.up_proj, QLinear)
+    ids = ember.tensor([[5, 9, 17, 3, 44, 2, 7]])
+    with ember.no_grad():
+        a, b = dense(ids).numpy(), q8(ids).numpy()
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max()

@@ -17,10 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_and_sampling(p)
 
 
-def answer(model, tok, history: list[dict], args, out=sys.stdout) -> str:
+def answer(model, tok, history: list[dict], args, out=None) -> str:
     """Stream the assistant's reply to the conversation so far; returns it."""
     from ember.generation.generate import stream_text
 
+    out = out or sys.stdout
     prompt = tok.apply_chat_template(history, add_generation_prompt=True)
     pieces, t0 = [], time.perf_counter()
     for piece in stream_text(

