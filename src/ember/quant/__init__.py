@@ -18,16 +18,29 @@ from ember.quant.formats import quantize as quantize_array
 from ember.quant.kernels import KERNEL_TYPES
 from ember.quant.qtensor import QTensor
 
+
+def __getattr__(name: str):
+    """QLinear, QEmbedding and quantize(model, qtype) live in ember.quant.nn (it imports ember.nn)."""
+    if name in ("QLinear", "QEmbedding", "quantize"):
+        from ember.quant import nn
+
+        return getattr(nn, name)
+    raise AttributeError(f"module 'ember.quant' has no attribute {name!r}")
+
+
 __all__ = [
     "FORMATS",
     "KERNEL_TYPES",
     "QUANTIZE_TYPES",
     "SUPPORTED_TYPES",
     "BlockFormat",
+    "QEmbedding",
+    "QLinear",
     "QTensor",
     "block_format",
     "byte_shape",
     "dequantize",
     "nbytes_of",
+    "quantize",
     "quantize_array",
 ]
