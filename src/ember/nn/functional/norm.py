@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.autograd import Function
+from ember.autograd import Function, is_grad_enabled
+from ember.device import CPU
 from ember.errors import ShapeError
 from ember.nn.functional._util import up
 from ember.tensor import Tensor
@@ -154,6 +155,15 @@ def _finfo_eps(dt: np.dtype) -> float:
     return float(np.finfo(np.float64 if dt == np.float64 else np.float32).eps)
 
 
+def _inference_f32(x: Tensor, w: Tensor | None) -> bool:
+    """float32 on the CPU with no gradient to record (the fused kernels' case)."""
+    if x._device is not CPU or x._data.dtype != np.float32:
+        return False
+    if w is not None and (w._device is not CPU or w._data.dtype != np.float32):
+        return False
+    return not (is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)))
+
+
 def rms_norm(
     input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None
 ) -> Tensor:
@@ -171,6 +181,10 @@ def rms_norm(
         )
     if eps is None:
         eps = _finfo_eps(input._data.dtype)
+    if n == 1 and _inference_f32(input, weight):  # one numba pass, no graph to record
+        from ember.backends.cpu.kernels.llm import rms_norm as kernel
+
+        return Tensor._wrap(kernel(input._data, None if weight is None else weight._data, eps))
     if weight is None:
         return _RMSNorm.apply(input, n=n, eps=eps)
     return _RMSNorm.apply(input, weight, n=n, eps=eps)
