@@ -12,12 +12,18 @@ import math
 
 import numpy as np
 
-from ember.autograd import Function
+from ember.autograd import Function, is_grad_enabled
+from ember.device import CPU
 from ember.errors import ShapeError
 from ember.tensor import Tensor
 
 
-def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: dict | None = None, rotary_dim: int | None = None) -> np.ndarray:
+def rope_inv_freq(
+    head_dim: int,
+    theta: float = 10000.0,
+    scaling: dict | None = None,
+    rotary_dim: int | None = None,
+) -> np.ndarray:
     """Inverse frequencies (rotary_dim/2,) incl. linear, dynamic-free llama3 and yarn-free scaling."""
     rd = rotary_dim or head_dim
     inv = 1.0 / (theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
@@ -45,13 +51,19 @@ def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: dict | None = 
     raise UnsupportedError(f"rope scaling type {kind!r} is not supported (linear, llama3 are)")
 
 
-def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray, dtype=np.float32, attention_factor: float = 1.0):
+def rope_cos_sin(
+    inv_freq: np.ndarray, positions: np.ndarray, dtype=np.float32, attention_factor: float = 1.0
+):
     """cos and sin tables of shape positions.shape + (rotary_dim/2,)."""
     ang = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq
-    return (np.cos(ang) * attention_factor).astype(dtype), (np.sin(ang) * attention_factor).astype(dtype)
+    return (np.cos(ang) * attention_factor).astype(dtype), (np.sin(ang) * attention_factor).astype(
+        dtype
+    )
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, sign: float) -> np.ndarray:
+def _rotate(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, sign: float
+) -> np.ndarray:
     half = cos.shape[-1]
     rd = 2 * half
     out = np.empty_like(x)
@@ -73,7 +85,9 @@ class Rotary(Function):
 
     def forward(self, x, cos, sin, interleaved):
         self.cos, self.sin, self.interleaved = cos, sin, interleaved
-        return _rotate(x, cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False), interleaved, 1.0)
+        return _rotate(
+            x, cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False), interleaved, 1.0
+        )
 
     def backward(self, g):
         c, s = self.cos.astype(g.dtype, copy=False), self.sin.astype(g.dtype, copy=False)
@@ -83,9 +97,52 @@ class Rotary(Function):
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
     """Apply RoPE to x (..., seq, head_dim) with cos/sin broadcastable to (..., seq, rotary_dim/2)."""
     if 2 * cos.shape[-1] > x.shape[-1]:
-        raise ShapeError(f"apply_rotary: rotary dim {2 * cos.shape[-1]} exceeds head dim {x.shape[-1]}")
+        raise ShapeError(
+            f"apply_rotary: rotary dim {2 * cos.shape[-1]} exceeds head dim {x.shape[-1]}"
+        )
     return Rotary.apply(x, cos, sin, interleaved=interleaved)
 
 
-__all__ = ["apply_rotary", "rope_inv_freq", "rope_cos_sin"]
+def apply_rotary_qk(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False
+) -> tuple[Tensor, Tensor]:
+    """RoPE on queries (b, t, hq, d) and keys (b, t, hk, d) with cos/sin (b|1, t, 1, d/2).
+
+    Token-major layout (heads after positions). Without a gradient to record, float32 on the CPU,
+    one kernel rotates both; otherwise this is two ``apply_rotary`` calls.
+    """
+    qd, kd, cd, sd = q._data, k._data, cos._data, sin._data
+    if (
+        qd.ndim == 4
+        and kd.ndim == 4
+        and cd.ndim == 4
+        and cd.shape == sd.shape
+        and cd.shape[1:3] == (qd.shape[1], 1)
+        and cd.shape[0] in (1, qd.shape[0])
+        and qd.shape[:2] == kd.shape[:2]
+        and qd.shape[3] == kd.shape[3] >= 2 * cd.shape[3]
+        and _inference_f32(q, k, cos, sin)
+    ):
+        from ember.backends.cpu.kernels.llm import rope_qk
+
+        b, t, half = qd.shape[0], qd.shape[1], cd.shape[3]
+        c, s = cd.reshape(cd.shape[0], t, half), sd.reshape(sd.shape[0], t, half)
+        if c.shape[0] != b:
+            c, s = np.broadcast_to(c, (b, t, half)), np.broadcast_to(s, (b, t, half))
+        qo, ko = rope_qk(qd, kd, c, s, interleaved)
+        return Tensor._wrap(qo), Tensor._wrap(ko)
+    return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
+
+
+def _inference_f32(*ts: Tensor) -> bool:
+    """All float32 on the CPU, and no gradient to record."""
+    for t in ts:
+        if t._device is not CPU or t._data.dtype != np.float32:
+            return False
+    if not is_grad_enabled():
+        return True
+    return not any(t.requires_grad for t in ts)
+
+
+__all__ = ["apply_rotary", "apply_rotary_qk", "rope_inv_freq", "rope_cos_sin"]
 METHODS: dict = {}
