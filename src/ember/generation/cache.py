@@ -1,9 +1,19 @@
-"""A preallocated key/value cache: one (batch, kv_heads, max_len, head_dim) buffer pair per layer."""
+"""A preallocated key/value cache, the causal mask over it, and attention that reads it in place.
+
+The cache holds one (batch, kv_heads, max_len, head_dim) buffer pair per layer. A decoder layer
+either calls ``update`` (head-major keys/values in, views of everything cached out) and runs its
+own attention, or calls ``cached_attention`` with token-major q/k/v: without a gradient to record
+that stores k, v and attends over the buffers in one kernel, with no transposes or mask tensors.
+"""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ember.autograd import is_grad_enabled
+from ember.device import CPU
 from ember.errors import ShapeError
 from ember.tensor import Tensor
 
@@ -31,18 +41,28 @@ class KVCache:
         """Bytes held by all buffers."""
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v (batch, kv_heads, T, head_dim) at the current position; return all keys/values so far."""
-        t = k.shape[2]
+    def _end(self, t: int) -> int:
         end = self.pos + t
         if end > self.max_len:
             raise ShapeError(
                 f"KV cache overflow: {end} positions needed, the cache holds {self.max_len}"
             )
+        return end
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v (batch, kv_heads, T, head_dim) at the current position; return all keys/values so far."""
+        end = self._end(k.shape[2])
         kb, vb = self.k[layer], self.v[layer]
         kb[:, :, self.pos : end] = k._data
         vb[:, :, self.pos : end] = v._data
         return Tensor._wrap(kb[:, :, :end]), Tensor._wrap(vb[:, :, :end])
+
+    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Store token-major k, v arrays (batch, T, kv_heads, head_dim); the key count after."""
+        end = self._end(k.shape[1])
+        self.k[layer][:, :, self.pos : end] = k.transpose(0, 2, 1, 3)
+        self.v[layer][:, :, self.pos : end] = v.transpose(0, 2, 1, 3)
+        return end
 
     def advance(self, t: int) -> None:
         """Move past the t positions written by the last forward."""
@@ -55,3 +75,87 @@ class KVCache:
     def crop(self, length: int) -> None:
         """Keep only the first length positions (e.g. to reuse a shared prompt prefix)."""
         self.pos = min(self.pos, length)
+
+
+class CausalMask:
+    """Which keys the t new queries (after ``past`` cached positions) may see.
+
+    Query i sits at slot past + i and sees slots up to its own, only the last ``window`` of them
+    when a window is set, and never a slot where ``pad`` (batch, >= past + t) is False. A query
+    that would see nothing (a padding row) sees every slot instead, so its output stays finite.
+    """
+
+    def __init__(self, t: int, past: int, pad: np.ndarray | None = None, window: int | None = None):
+        self.t, self.past, self.pad, self.window = t, past, pad, window
+        self._dense: Tensor | None | bool = False
+
+    def dense(self) -> Tensor | None:
+        """The bool (batch|1, 1, t, past + t) mask, True = attend; None when nothing is masked."""
+        if self._dense is False:
+            self._dense = self._build()
+        return self._dense
+
+    def _build(self) -> Tensor | None:
+        t, past, pad, window = self.t, self.past, self.pad, self.window
+        s = past + t
+        if t == 1 and pad is None and (window is None or s <= window):
+            return None
+        qpos = np.arange(past, s)[:, None]
+        kpos = np.arange(s)[None, :]
+        allowed = kpos <= qpos
+        if window is not None:
+            allowed &= kpos > qpos - window
+        allowed = allowed[None, None]
+        if pad is not None:
+            allowed = allowed & pad[:, None, None, :s]
+            allowed = allowed | ~allowed.any(-1, keepdims=True)  # padded rows attend anywhere
+        return Tensor._wrap(allowed)
+
+
+def cached_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: CausalMask,
+    cache: KVCache | None = None,
+    layer: int = 0,
+    scale: float | None = None,
+) -> Tensor:
+    """Causal attention of token-major q (b, t, hq, d) over the cached and the new k, v (b, t, hk, d).
+
+    k and v are stored in ``cache`` (when given) at its current position first. hq must be a
+    multiple of hk (grouped-query attention). Returns (b, t, hq * d).
+    """
+    b, t, hq, d = q._data.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if _inference_f32(q, k, v) and (cache is None or cache.k[layer].dtype == np.float32):
+        from ember.backends.cpu.kernels.llm import attention
+
+        if cache is None:
+            kb = np.ascontiguousarray(k._data.transpose(0, 2, 1, 3))
+            vb = np.ascontiguousarray(v._data.transpose(0, 2, 1, 3))
+            n_keys = t
+        else:
+            n_keys = cache.store(layer, k._data, v._data)
+            kb, vb = cache.k[layer], cache.v[layer]
+        out = attention(q._data, kb, vb, n_keys, mask.past, mask.window, mask.pad, scale)
+        return Tensor._wrap(out)
+    from ember.nn.functional import scaled_dot_product_attention
+
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if cache is not None:
+        kh, vh = cache.update(layer, kh, vh)
+    out = scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask.dense(), scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2).reshape(b, t, hq * d)
+
+
+def _inference_f32(*ts: Tensor) -> bool:
+    """All float32 on the CPU, and no gradient to record."""
+    for x in ts:
+        if x._device is not CPU or x._data.dtype != np.float32:
+            return False
+    if not is_grad_enabled():
+        return True
+    return not any(x.requires_grad for x in ts)
