@@ -5,6 +5,12 @@ One decoder, configured from Hugging Face ``config.json`` names (or GGUF metadat
 ``attention_bias`` (Qwen2: q/k/v carry a bias, o_proj does not), ``qk_norm`` (Qwen3: RMSNorm on
 each head's queries and keys), ``sliding_window`` (Mistral), ``rope_scaling`` (Llama 3) and
 ``rope_interleaved`` (weights in GGUF row order rotate adjacent pairs).
+
+Activations are token-major, (batch, tokens, heads, head_dim), as the projections produce them.
+For inference the same code runs fused kernels: q/k/v (and gate/up) quantized weights of one
+type are multiplied as one stacked matrix, RoPE rotates q and k in one pass, and attention reads
+the KV cache in place (``ember.generation.cache.cached_attention``). With a gradient to record,
+every step is an ordinary differentiable op.
 """
 
 from __future__ import annotations
@@ -15,8 +21,12 @@ import numpy as np
 
 import ember
 from ember import nn
+from ember.autograd import Function
+from ember.device import CPU
+from ember.generation.cache import CausalMask, cached_attention
 from ember.nn import functional as F
-from ember.ops.rope import apply_rotary, rope_cos_sin, rope_inv_freq
+from ember.ops.rope import apply_rotary_qk, rope_cos_sin, rope_inv_freq
+from ember.quant import QTensor
 
 
 @dataclass
@@ -102,20 +112,19 @@ class LlamaAttention(nn.Module):
             self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv = LinearGroup()
 
-    def forward(self, x, cos, sin, mask, cache=None):
+    def forward(self, x, cos, sin, mask: CausalMask, cache=None):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.qkv(x, self.q_proj, self.k_proj, self.v_proj)
+        q = q.view(b, t, self.num_heads, self.head_dim)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, cos, sin, self.interleaved)
-        k = apply_rotary(k, cos, sin, self.interleaved)
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        q, k = apply_rotary_qk(q, k, cos, sin, self.interleaved)
+        out = cached_attention(q, k, v, mask, cache, self.layer_idx)  # (b, t, heads * head_dim)
+        return self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):
@@ -128,11 +137,13 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
         self.act = cfg.hidden_act
+        self.gate_up = LinearGroup()
 
     def forward(self, x):
-        g = self.gate_proj(x)
-        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        return self.down_proj(g * self.up_proj(x))
+        g, u = self.gate_up(x, self.gate_proj, self.up_proj)
+        if self.act == "silu":
+            return self.down_proj(silu_mul(g, u))
+        return self.down_proj(F.gelu(g, approximate="tanh") * u)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -145,7 +156,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache=None):
+    def forward(self, x, cos, sin, mask: CausalMask, cache=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -156,7 +167,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
+        )
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
 
@@ -174,26 +187,29 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
+    ):
         """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
         ids = input_ids if isinstance(input_ids, ember.Tensor) else ember.tensor(input_ids)
         if ids.ndim == 1:
             ids = ids.unsqueeze(0)
         b, t = ids.shape
         past = cache.pos if cache is not None else 0
-        pad = None if attention_mask is None else np.asarray(attention_mask, dtype=bool).reshape(b, -1)
+        pad = None
+        if attention_mask is not None:
+            pad = np.asarray(attention_mask, dtype=bool).reshape(b, -1)
         if position_ids is None:
             if pad is not None:
                 pos = np.maximum(np.cumsum(pad, axis=1) - 1, 0)[:, past : past + t]
             else:
                 pos = np.broadcast_to(np.arange(past, past + t), (b, t))
         else:
-            pos = np.asarray(position_ids._data if isinstance(position_ids, ember.Tensor) else position_ids)
-            pos = np.broadcast_to(pos.reshape(-1, t), (b, t))
-        dtype = np.float32
-        cos, sin = rope_cos_sin(self._inv_freq, pos[:, None, :], dtype)
+            pos = position_ids._data if isinstance(position_ids, ember.Tensor) else position_ids
+            pos = np.broadcast_to(np.asarray(pos).reshape(-1, t), (b, t))
+        cos, sin = rope_cos_sin(self._inv_freq, pos[:, :, None], np.float32)  # (b, t, 1, d/2)
         cos, sin = ember.from_numpy(cos), ember.from_numpy(sin)
-        mask = causal_mask(t, past, pad, self.config.sliding_window)
+        mask = CausalMask(t, past, pad, self.config.sliding_window)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache)
@@ -211,16 +227,90 @@ class LlamaForCausalLM(nn.Module):
 
 def causal_mask(t: int, past: int, pad: np.ndarray | None, window: int | None):
     """Boolean (batch|1, 1, t, past + t) mask of allowed positions, or None when all are allowed."""
-    s = past + t
-    if t == 1 and pad is None and (window is None or s <= window):
-        return None
-    qpos = np.arange(past, s)[:, None]
-    kpos = np.arange(s)[None, :]
-    allowed = kpos <= qpos
-    if window is not None:
-        allowed &= kpos > qpos - window
-    allowed = allowed[None, None]
-    if pad is not None:
-        allowed = allowed & pad[:, None, None, :s]
-        allowed = allowed | ~allowed.any(-1, keepdims=True)  # fully padded rows attend anywhere
-    return ember.from_numpy(allowed)
+    return CausalMask(t, past, pad, window).dense()
+
+
+# --- fused inference helpers used above --------------------------------------------------------
+
+
+class LinearGroup:
+    """Linear layers that share their input, run as one product when their weights allow it.
+
+    Quantized weights of one block type stack row-wise into one matrix (the stacked copy is made
+    on first use and remade if a layer's weight is replaced): one matrix-vector kernel call
+    instead of three for q/k/v, two for gate/up. Otherwise, or with a gradient to record, each
+    layer runs on its own.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple = ()
+        self._weight: QTensor | None = None
+        self._bias: np.ndarray | None = None
+        self._splits: list[int] = []
+
+    def __call__(self, x: ember.Tensor, *layers) -> list:
+        """[layer(x) for layer in layers]."""
+        if ember.is_grad_enabled() and (
+            x.requires_grad
+            or any(lin.bias is not None and lin.bias.requires_grad for lin in layers)
+        ):
+            return [lin(x) for lin in layers]
+        key = tuple(lin.weight for lin in layers)
+        if len(key) != len(self._key) or any(a is not b for a, b in zip(key, self._key)):
+            self._fuse(layers)
+            self._key = key
+        w = self._weight
+        if w is None or x._data.dtype != np.float32 or x._device is not CPU:
+            return [lin(x) for lin in layers]
+        xd = x._data
+        k = xd.shape[-1]
+        y = w.matmul_t(xd.reshape(k) if xd.size == k else xd.reshape(-1, k))
+        if self._bias is not None:
+            y = y + self._bias
+        y = y.reshape(xd.shape[:-1] + (y.shape[-1],))
+        s = self._splits
+        return [ember.Tensor._wrap(y[..., s[i] : s[i + 1]]) for i in range(len(layers))]
+
+    def _fuse(self, layers) -> None:
+        self._weight = self._bias = None
+        ws = [lin.weight for lin in layers]
+        if not all(type(w) is QTensor and w.ndim == 2 for w in ws):
+            return
+        if len({(w.qtype, w.shape[1]) for w in ws}) != 1:
+            return
+        rows = [w.data.reshape(w.shape[0], -1) for w in ws]
+        n = sum(w.shape[0] for w in ws)
+        self._weight = QTensor(np.concatenate(rows), ws[0].qtype, (n, ws[0].shape[1]))
+        self._splits = list(np.cumsum([0] + [w.shape[0] for w in ws]))
+        if any(lin.bias is not None for lin in layers):
+            self._bias = np.concatenate([
+                np.zeros(w.shape[0], np.float32) if lin.bias is None
+                else lin.bias._data.astype(np.float32)
+                for lin, w in zip(layers, ws)
+            ])  # fmt: skip
+
+
+class SiluMul(Function):
+    """silu(g) * u (SwiGLU's gate) in one pass; backward in closed form."""
+
+    def forward(self, g, u):
+        self.g, self.u = g, u
+        if g.dtype == np.float32 and u.dtype == np.float32:
+            from ember.backends.cpu.kernels.llm import silu_mul as kernel
+
+            return kernel(g, u)
+        return g / (1 + np.exp(-g)) * u
+
+    def backward(self, grad):
+        g, u = self.g, self.u
+        sig = 1 / (1 + np.exp(-g))
+        dg = grad * u * sig * (1 + g * (1 - sig)) if self.needs_input_grad[0] else None
+        du = grad * g * sig if self.needs_input_grad[1] else None
+        return dg, du
+
+
+def silu_mul(g: ember.Tensor, u: ember.Tensor) -> ember.Tensor:
+    """silu(g) * u for float tensors of one shape."""
+    if g.shape != u.shape or g.dtype != u.dtype or not g.is_floating_point():
+        return F.silu(g) * u
+    return SiluMul.apply(g, u)
