@@ -3,10 +3,15 @@
 Paths, picked by :func:`matmul_t`:
 
 * M == 1 (decode) with a numba kernel for the type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K): a
-  matrix-vector kernel that reads the packed bytes once and never decodes the matrix.
+  matrix-vector kernel that reads the packed bytes once and never decodes the matrix. Weights
+  under SERIAL_MAX_BYTES run a single-threaded copy of the kernel on the calling thread
+  (waking a second thread costs more than it saves, and on a busy machine the caller may wait
+  a whole time slice for it); bigger ones hand row chunks to numba's threads dynamically.
 * 1 < M <= SMALL_M: the matrix-vector kernel once per row of x.
-* M > SMALL_M (prefill), or a type without a kernel: decode a tile of rows into a small
-  float32 buffer (numba for the five types above, numpy otherwise); BLAS multiplies the tile.
+* M > SMALL_M (prefill), or a type without a kernel: tiles of rows are decoded into small
+  float32 buffers (numba for the five types above, numpy otherwise) and multiplied by BLAS.
+  With several threads, each thread takes the next tile (decode + single-threaded BLAS) until
+  none are left, so a thread that the OS preempts delays one tile, not every product.
 * F32 weights go straight to BLAS on a view of the bytes.
 
 :func:`matmul_t_ref` is the pure-numpy reference every kernel is tested against and the
@@ -15,7 +20,10 @@ path used when numba cannot be imported. numba is imported on the first kernel c
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import types
 
 import numpy as np
 
@@ -23,9 +31,10 @@ from ember.errors import DTypeError, ShapeError
 from ember.quant.formats import as_bytes, block_format, dequantize
 
 KERNEL_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-TILE_ELEMENTS = 1 << 20  # a prefill tile holds about this many float32 weights (4 MiB)
+TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
+THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
 SMALL_M = 8  # up to this many rows of x, matmul_t runs the matrix-vector kernel per row
-SERIAL_MAX_BYTES = 1 << 16  # below this weight size the matrix-vector kernel runs on one thread
+SERIAL_MAX_BYTES = 1 << 22  # below this weight size the matrix-vector kernel runs on one thread
 DYNAMIC_MIN_BYTES = 1 << 21  # from this weight size on, row chunks are scheduled dynamically
 
 _UNIT = np.ones(32, np.float32)  # see the note above the dq_* kernels
@@ -100,6 +109,29 @@ def matmul_t_ref(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndar
     return out
 
 
+def serial_kernel(mod, table: str, qtype: str):
+    """A single-threaded copy of ``mod.<table>[qtype]`` (no thread pool involved), compiled once.
+
+    numba's on-disk cache tells functions apart by qualified name, so the copy gets its own.
+    """
+    key = (table, qtype)
+    k = _serial.get(key)
+    if k is None:
+        import numba
+
+        par = getattr(mod, table)[qtype]
+        f = par.py_func
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__,
+                               f.__closure__)  # fmt: skip
+        g.__qualname__ = f.__qualname__ + "_serial"
+        opts = {k: v for k, v in par.targetoptions.items() if k not in ("parallel", "nopython")}
+        k = _serial[key] = numba.njit(cache=True, **opts)(g)
+    return k
+
+
+_serial: dict = {}
+
+
 def matvec_blocks(mod, w3: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     """Unchecked kernel call: w3 is the (N, blocks, bytes) view, x float32 of length K."""
     import numba  # already imported by the time a kernel module exists: a dict lookup
@@ -107,27 +139,21 @@ def matvec_blocks(mod, w3: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     n, nb, _ = w3.shape
     y = np.empty(n, np.float32)
     xb = x.reshape(nb, -1)
-    kernel = mod.MATVEC[qtype]
     threads = numba.get_num_threads()
     if threads == 1 or w3.nbytes < SERIAL_MAX_BYTES:
-        # Small weights: waking a second thread costs more than it saves.
-        if threads > 1:
-            numba.set_num_threads(1)
-        try:
-            kernel(w3, f16_table(), xb, y, n)
-        finally:
-            if threads > 1:
-                numba.set_num_threads(threads)
+        (_serial.get(("MATVEC", qtype)) or serial_kernel(mod, "MATVEC", qtype))(
+            w3, f16_table(), xb, y, n
+        )
         return y
     chunk = max(4, -(-n // (8 * threads)))  # about 8 row chunks per thread
     if w3.nbytes < DYNAMIC_MIN_BYTES:
-        kernel(w3, f16_table(), xb, y, chunk)
+        mod.MATVEC[qtype](w3, f16_table(), xb, y, chunk)
         return y
     # Hand row chunks out one at a time so that a core busy with something else does not
     # hold back the whole product (static halves would wait for the slower core).
     old = numba.set_parallel_chunksize(1)
     try:
-        kernel(w3, f16_table(), xb, y, chunk)
+        mod.MATVEC[qtype](w3, f16_table(), xb, y, chunk)
     finally:
         numba.set_parallel_chunksize(old)
     return y
@@ -183,21 +209,80 @@ def matmul_t(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray)
         for i in range(m):
             out[i] = matvec_blocks(mod, w3, fmt.name, x[i])
         return out
-    import numba
+    # Prefill: decode a tile of rows into a small float32 buffer, let BLAS multiply it.
+    from ember.threads import get_num_threads
 
-    # Prefill: decode a tile of rows into a small float32 buffer, let BLAS multiply it. The
-    # decode runs on this thread only: alternating numba's and BLAS's thread pools on the
-    # same cores makes each spin-wait against the other.
+    dq = _serial.get(("DEQUANT_ROWS", fmt.name)) or serial_kernel(mod, "DEQUANT_ROWS", fmt.name)
+    threads = min(get_num_threads(), os.cpu_count() or 1)
+    if threads > 1:
+        rows = max(16, THREAD_TILE_BYTES // (4 * k) // 16 * 16)
+        if n > rows:
+            _tiles_threaded(dq, w3, x, out, rows, threads)
+            return out
+    # One thread decodes (numba's and BLAS's pools never alternate on the same cores).
     tile = max(1, TILE_ELEMENTS // k)
     buf = np.empty((min(tile, n), k), np.float32)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        for r0 in range(0, n, tile):
-            r1 = min(n, r0 + tile)
-            w = buf[: r1 - r0]
-            mod.DEQUANT_ROWS[fmt.name](w3, f16_table(), _UNIT, r0, r1, w)
-            out[:, r0:r1] = x @ w.T
-    finally:
-        numba.set_num_threads(threads)
+    for r0 in range(0, n, tile):
+        r1 = min(n, r0 + tile)
+        w = buf[: r1 - r0]
+        dq(w3, f16_table(), _UNIT, r0, r1, w)
+        np.matmul(x, w.T, out=out[:, r0:r1])
     return out
+
+
+def _tiles_threaded(dq, w3: np.ndarray, x: np.ndarray, out: np.ndarray, rows: int, threads: int):
+    """out[:, tile] = x @ decode(W[tile]).T for tiles of rows, taken in turn by the threads."""
+    n, k = out.shape[1], x.shape[1]
+    ntiles = -(-n // rows)
+    counter = itertools.count()  # next() is atomic under the GIL
+    lut = f16_table()
+
+    def work() -> None:
+        buf = np.empty((rows, k), np.float32)
+        while (i := next(counter)) < ntiles:
+            r0, r1 = i * rows, min(n, i * rows + rows)
+            w = buf[: r1 - r0]
+            dq(w3, lut, _UNIT, r0, r1, w)  # nogil: the threads really run at once
+            np.matmul(x, w.T, out=out[:, r0:r1])
+
+    with _blas_single_thread():
+        helpers = [_executor(threads).submit(work) for _ in range(min(threads, ntiles) - 1)]
+        work()
+        for h in helpers:
+            h.result()
+
+
+_pool = None
+_blas_libs = None
+
+
+def _executor(threads: int):
+    """A process-wide pool of helper threads (threads - 1 of them; the caller is the last)."""
+    global _pool
+    if _pool is None or _pool._max_workers < threads - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max(1, threads - 1), thread_name_prefix="ember-quant")
+    return _pool
+
+
+@contextlib.contextmanager
+def _blas_single_thread():
+    """numpy's BLAS on one thread inside the block (the tiles supply the parallelism)."""
+    global _blas_libs
+    if _blas_libs is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        except Exception:  # noqa: BLE001 - no threadpoolctl/BLAS info: leave BLAS alone
+            _blas_libs = []
+    libs = [c for c in _blas_libs if c.get_num_threads() != 1]
+    saved = [c.get_num_threads() for c in libs]
+    for c in libs:
+        c.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for c, t in zip(libs, saved):
+            c.set_num_threads(t)
