@@ -5,9 +5,10 @@ ember runs `optimize_for_inference(resnet50(weights=twin.state_dict()))`; torch 
 torchvision's module tree (tests/models/vision/twins.py; torchvision is not installable next to
 torch 2.13 here); onnxruntime runs that twin exported to ONNX (skipped if onnx/onnxruntime are
 missing: `pip install ember[bench]`). All use --threads threads (ember.set_num_threads,
-torch.set_num_threads, ORT intra-op threads). Engines are interleaved call by call so that load
-from other jobs hits them alike; the median and best of --repeat calls are reported, with ratios
-to torch eager, and the table and the command go to bench/RESULTS.md.
+torch.set_num_threads, ORT intra-op threads). Engines take turns (one untimed call, then one
+timed call each, so no engine is timed while the previous one's spinning threads still hold a
+core) so that load from other jobs hits them alike; the median and best of --repeat timed calls
+are reported, with ratios to torch eager, and the table and the command go to bench/RESULTS.md.
 
     .venv/bin/python bench/vision.py [--batch 1 8] [--threads 2] [--repeat 15] [--no-append]
     .venv/bin/python bench/vision.py --zoo        # every zoo model at batch 1, ember vs torch
@@ -103,6 +104,7 @@ def measure(engines: dict, x: np.ndarray, repeat: int, warmup: int = 2) -> dict:
     times = {name: ([], []) for name in engines}
     for _ in range(repeat):
         for name, fn in engines.items():
+            fn(x)  # untimed: lets the previous engine's spinning threads go idle first
             t, c = time.perf_counter(), time.process_time()
             fn(x)
             times[name][0].append(time.perf_counter() - t)
