@@ -24,17 +24,14 @@ def is_grad_enabled() -> bool:
     return _grad_enabled
 
 
-class set_grad_enabled:
-    """Turn graph recording on or off; works as a call, a context manager and a decorator."""
+class _GradMode:
+    """A grad-mode switch usable as a context manager and as a decorator."""
 
-    def __init__(self, mode: bool) -> None:
-        global _grad_enabled
-        self.prev = _grad_enabled
-        self.mode = bool(mode)
-        _grad_enabled = self.mode
+    mode = True
 
     def __enter__(self) -> None:
         global _grad_enabled
+        self.prev = _grad_enabled
         _grad_enabled = self.mode
 
     def __exit__(self, *exc) -> None:
@@ -46,60 +43,47 @@ class set_grad_enabled:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with set_grad_enabled(mode):
+            global _grad_enabled
+            prev, _grad_enabled = _grad_enabled, mode
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                _grad_enabled = prev
 
         return wrapper
 
 
-class no_grad(set_grad_enabled):
+class no_grad(_GradMode):
     """Disable graph recording inside a ``with`` block or a decorated function."""
 
-    def __init__(self) -> None:
-        self.prev = _grad_enabled
-        self.mode = False
-
-    def __call__(self, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with no_grad():
-                return fn(*args, **kwargs)
-
-        return wrapper
+    mode = False
 
 
-class enable_grad(no_grad):
+class enable_grad(_GradMode):
     """Re-enable graph recording inside a no_grad region."""
 
-    def __init__(self) -> None:
-        self.prev = _grad_enabled
-        self.mode = True
-
-    def __call__(self, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with enable_grad():
-                return fn(*args, **kwargs)
-
-        return wrapper
+    mode = True
 
 
-class inference_mode(no_grad):
+class inference_mode(_GradMode):
     """Like no_grad (ember has no version counters to skip, so the two cost the same)."""
 
     def __init__(self, mode: bool = True) -> None:
-        self.prev = _grad_enabled
         self.mode = not mode
 
-    def __call__(self, fn: Callable) -> Callable:
-        mode = self.mode
 
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with set_grad_enabled(mode):
-                return fn(*args, **kwargs)
+class set_grad_enabled(_GradMode):
+    """Turn graph recording on or off: at once when called, or for a ``with`` block / decorated function."""
 
-        return wrapper
+    def __init__(self, mode: bool) -> None:
+        global _grad_enabled
+        self.mode = bool(mode)
+        self.prev = _grad_enabled
+        _grad_enabled = self.mode
+
+    def __enter__(self) -> None:
+        global _grad_enabled
+        _grad_enabled = self.mode
 
 
 def meta_array(shape: tuple, dtype) -> np.ndarray:
