@@ -7,9 +7,13 @@ import torch
 import transformers
 
 import ember
-from ember.generation.generate import generate_tokens
 from ember.models import AutoModelForCausalLM
 from ember.models.gemma import GemmaConfig, GemmaForCausalLM
+from tests.models.common import (
+    assert_greedy_matches,
+    assert_left_padded_batch_matches,
+    assert_logits_match,
+)
 
 BASE = dict(
     vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -49,15 +53,6 @@ def _save(tmp_path, name):
     return ref, d
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The reference runs tiny ops: one torch thread is far faster than two fighting for cores."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """name -> (transformers model, its saved folder), built once per module."""
@@ -78,41 +73,16 @@ def test_logits_and_greedy_match_transformers(saved, name):
     assert isinstance(model, GemmaForCausalLM)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, BASE["vocab_size"], (3, 17))
-    with torch.no_grad():
-        want = ref(torch.tensor(ids)).logits.numpy()
-    with ember.no_grad():
-        got = model(ember.tensor(ids)).numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert_logits_match(ref, model, ids)
 
-    prompt = ids[0, :7].tolist()
-    with torch.no_grad():
-        out = ref.generate(
-            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32
-        )
-    want_tokens = out[0, len(prompt) :].tolist()
-    got_tokens = [s[0] for s in generate_tokens(model, prompt, 32)]
-    assert got_tokens == want_tokens
-    seq = list(prompt)  # without the KV cache: recompute the whole sequence at every step
-    with ember.no_grad():
-        for _ in range(32):
-            seq.append(int(model(ember.tensor([seq])).numpy()[0, -1].argmax()))
-    assert seq[len(prompt) :] == want_tokens
+    assert_greedy_matches(ref, model, ids[0, :7].tolist())
 
 
 def test_gemma2_left_padded_batch_matches_transformers(saved):
     ref, d = saved("gemma2")
     model = AutoModelForCausalLM.from_pretrained(d)
     prompts = [[5, 9, 17, 3, 44, 2, 8, 8, 1], [7, 1], [100, 3, 8]]
-    n = max(map(len, prompts))
-    ids = torch.tensor([[0] * (n - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = ref.generate(
-            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0
-        )
-    batched = list(zip(*generate_tokens(model, prompts, 12)))
-    for i in range(3):
-        assert list(batched[i]) == out[i, n:].tolist()
+    assert_left_padded_batch_matches(ref, model, prompts, 12)
 
 
 def test_config_defaults_and_errors():

@@ -8,6 +8,7 @@ import transformers
 import ember
 from ember.generation.generate import generate_tokens
 from ember.models import AutoModelForCausalLM
+from tests.models.common import assert_greedy_matches, assert_logits_match
 
 BASE = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -41,28 +42,9 @@ def _save(tmp_path, name):
 def test_logits_and_greedy_match_transformers(tmp_path, name):
     ref, d = _save(tmp_path, name)
     model = AutoModelForCausalLM.from_pretrained(d)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, BASE["vocab_size"], (2, 20))
-    with torch.no_grad():
-        want = ref(torch.tensor(ids)).logits.numpy()
-    with ember.no_grad():
-        got = model(ember.tensor(ids)).numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
-
-    prompt = ids[0, :7].tolist()
-    with torch.no_grad():
-        out = ref.generate(
-            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32
-        )
-    want_tokens = out[0, len(prompt) :].tolist()
-    got_tokens = [s[0] for s in generate_tokens(model, prompt, 32)]
-    assert got_tokens == want_tokens
-    # without the KV cache: recompute the whole sequence at every step
-    seq = list(prompt)
-    with ember.no_grad():
-        for _ in range(32):
-            seq.append(int(model(ember.tensor([seq])).numpy()[0, -1].argmax()))
-    assert seq[len(prompt) :] == want_tokens
+    ids = np.random.default_rng(0).integers(0, BASE["vocab_size"], (2, 20))
+    assert_logits_match(ref, model, ids)
+    assert_greedy_matches(ref, model, ids[0, :7].tolist())
 
 
 def test_batched_generation_with_padding_matches_single(tmp_path):
