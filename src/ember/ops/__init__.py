@@ -35,24 +35,12 @@ from ember.tensor import Tensor
 _E = elementwise
 
 
-class ToDevice(Function):
-    """Move between cpu and meta (meta keeps only shape and dtype)."""
-
-    def forward(self, x, device):
-        self.src = META if x.strides == (0,) * x.ndim and x.ndim else CPU
-        if device is META:
-            return meta_array(x.shape, x.dtype)
-        return np.zeros(x.shape, x.dtype)
-
-    def backward(self, g):
-        return g
-
-
 def to_device(x: Tensor, device) -> Tensor:
-    """x on another device; meta -> cpu gives zeros (meta has no values to move)."""
-    out = ToDevice.apply(x, device=device)
-    out._device = device
-    return out
+    """x on another device: cpu -> meta keeps shape and dtype; meta -> cpu gives zeros."""
+    shape, dtype = x._data.shape, x._data.dtype
+    if device is META:
+        return Tensor._wrap(meta_array(shape, dtype), META)
+    return Tensor._wrap(np.zeros(shape, dtype), CPU)
 
 
 # ------------------------------------------------------------------ in-place methods
