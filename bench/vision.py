@@ -34,6 +34,23 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 
+def set_threads(threads: int) -> None:
+    """The same thread count for ember, numba and torch, numba first.
+
+    numba's OpenMP layer shares libgomp with torch; launching it (ember does when its first kernel
+    loads) resets the process's OpenMP thread count, i.e. torch's, to all cores. So numba is
+    started here, then torch's count is set, and main() checks it still holds at the end.
+    """
+    import torch
+
+    import ember
+    from ember.backends.cpu.kernels import numba_or_none
+
+    ember.set_num_threads(threads)
+    numba_or_none()
+    torch.set_num_threads(threads)
+
+
 def build_engines(threads: int, size: int, batches: list[int]) -> dict:
     """name -> (callable(x_numpy) -> logits numpy) for every engine available."""
     import torch
@@ -43,8 +60,7 @@ def build_engines(threads: int, size: int, batches: list[int]) -> dict:
     from ember.models.fuse import optimize_for_inference
     from ember.models.vision import resnet50
 
-    torch.set_num_threads(threads)
-    ember.set_num_threads(threads)
+    set_threads(threads)
     torch.manual_seed(0)
     tm = twins.randomize_bn(twins.resnet("resnet50")).eval()
     em = optimize_for_inference(resnet50(weights=twins.to_numpy_state(tm)), inplace=True)
@@ -160,8 +176,7 @@ def zoo(args) -> str:
     from ember.models.fuse import optimize_for_inference
     from ember.models.vision import MODELS, ViTForImageClassification, efficientnet_lite0
 
-    torch.set_num_threads(args.threads)
-    ember.set_num_threads(args.threads)
+    set_threads(args.threads)
     x = np.random.default_rng(0).standard_normal((1, 3, args.size, args.size), np.float32)
     rows = []
     for name in ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mobilenet_v2",
@@ -227,6 +242,7 @@ def main() -> None:
     ap.add_argument("--zoo", action="store_true", help="every zoo model at batch 1 instead")
     ap.add_argument("--no-append", action="store_true", help="print only, leave RESULTS.md alone")
     args = ap.parse_args()
+    import torch
     from _common import append, blas_info
 
     load0 = os.getloadavg()[0]
@@ -237,6 +253,8 @@ def main() -> None:
     from threadpoolctl import threadpool_info
 
     libs = sorted({os.path.basename(d["filepath"]) for d in threadpool_info()})
+    if torch.get_num_threads() != args.threads:
+        raise SystemExit(f"torch ended with {torch.get_num_threads()} threads, not {args.threads}")
     notes = (
         f"\n{what}, random weights, eval, float32, {args.size}x{args.size}, {args.threads} "
         f"threads everywhere; ember = optimize_for_inference (BN folded, NHWC, fused epilogues).\n"
