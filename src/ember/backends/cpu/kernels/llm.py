@@ -7,7 +7,9 @@ between the matrix products. The key/value cache is ``(batch, kv_heads, max_len,
 - ``rms_norm``: x * rsqrt(mean(x**2) + eps) * w over the last dim
 - ``rope_qk``: rotary embeddings on queries and keys in one call (half-split or interleaved)
 - ``attention``: causal attention of new queries over the cache (grouped key/value heads,
-  sliding window, left padding); scores are made one query row at a time, never a full matrix
+  sliding window, left padding). A few queries (decode): one numba pass per query row, scores
+  one row at a time. A prompt: blocks of query rows per key/value head as two BLAS products on
+  the threads of ``tiles.run_tiles``, at most ATTENTION_BLOCK_SCORES scores per block.
 - ``silu_mul``: silu(gate) * up, the SwiGLU gate
 
 Each kernel has a numpy reference (``*_reference``) that the tests compare it to and that serves
@@ -27,6 +29,9 @@ from ember.backends.cpu.kernels import numba_or_none
 _K: dict | None = None
 # attention uses numba's threads from this many multiply-adds on (queries * keys * heads * dim)
 PARALLEL_ATTENTION_WORK = 1 << 22
+# from this many new queries on (a prompt), attention runs as blocks of BLAS products instead
+BLOCKED_MIN_QUERIES = 16
+ATTENTION_BLOCK_SCORES = 1 << 18  # float32 scores per block (1 MiB)
 _F32 = np.float32
 
 
@@ -250,6 +255,41 @@ def rope_qk(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, inte
     return qo, ko
 
 
+def attention_blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale: float):
+    """The same attention for many queries: blocks of query rows per key/value head, two BLAS
+    products each; only a (rows * group, keys) score block per thread exists at a time."""
+    from ember.backends.cpu.kernels.tiles import run_tiles, scratch
+
+    nb, nt, hq, d = q.shape
+    hk = kb.shape[1]
+    rep = hq // hk
+    out = np.empty((nb, nt, hq, d), _F32)
+    rows = max(1, ATTENTION_BLOCK_SCORES // max(1, rep * n_keys))
+    nblocks = -(-nt // rows)
+
+    def block(i: int) -> None:
+        b, rest = divmod(i, nblocks * hk)
+        r0, g = divmod(rest, hk)
+        r0 *= rows
+        r1 = min(nt, r0 + rows)
+        pb = None if pad is None else pad[b : b + 1]
+        ok = allowed_keys(1, r1 - r0, n_keys, past + r0, window, pb)[0]
+        qg = q[b, r0:r1, g * rep : (g + 1) * rep].reshape((r1 - r0) * rep, d)
+        s = scratch(((r1 - r0) * rep, n_keys))
+        np.matmul(qg, kb[b, g, :n_keys].T, out=s)
+        s3 = s.reshape(r1 - r0, rep, n_keys)
+        s3 *= _F32(scale)
+        s3 += np.where(ok, _F32(0.0), _F32(-np.inf))[:, None, :]
+        s3 -= s3.max(-1, keepdims=True)
+        np.exp(s3, out=s3)
+        s3 /= s3.sum(-1, keepdims=True)
+        o = np.matmul(s, vb[b, g, :n_keys])
+        out[b, r0:r1, g * rep : (g + 1) * rep] = o.reshape(r1 - r0, rep, d)
+
+    run_tiles(block, nb * nblocks * hk)
+    return out.reshape(nb, nt, hq * d)
+
+
 def attention(q, kb, vb, n_keys: int, past: int, window: int | None, pad, scale: float):
     """Causal attention of q (B, T, Hq, D) at positions past.. over cache keys [0, n_keys).
 
@@ -260,6 +300,8 @@ def attention(q, kb, vb, n_keys: int, past: int, window: int | None, pad, scale:
     """
     w = int(window or 0)
     nb, nt, hq, d = q.shape
+    if nt >= BLOCKED_MIN_QUERIES:
+        return attention_blocked(q, kb, vb, n_keys, past, w, pad, scale)
     parallel = nt * n_keys * hq * d >= PARALLEL_ATTENTION_WORK
     kern = _kernel("attention_parallel" if parallel else "attention")
     if kern is None:
