@@ -20,8 +20,6 @@ path used when numba cannot be imported. numba is imported on the first kernel c
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 import types
 
@@ -209,80 +207,25 @@ def matmul_t(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray)
         for i in range(m):
             out[i] = matvec_blocks(mod, w3, fmt.name, x[i])
         return out
-    # Prefill: decode a tile of rows into a small float32 buffer, let BLAS multiply it.
+    # Prefill: decode tiles of rows into small float32 buffers and let BLAS multiply them. The
+    # threads take tiles in turn, each decoding (numba, no GIL) and multiplying (one-thread
+    # BLAS): OpenBLAS's own threads spin-wait, and on a busy machine one product then costs 7x.
+    from ember.backends.cpu.kernels.tiles import run_tiles, scratch
     from ember.threads import get_num_threads
 
     dq = _serial.get(("DEQUANT_ROWS", fmt.name)) or serial_kernel(mod, "DEQUANT_ROWS", fmt.name)
     threads = min(get_num_threads(), os.cpu_count() or 1)
     if threads > 1:
         rows = max(16, THREAD_TILE_BYTES // (4 * k) // 16 * 16)
-        if n > rows:
-            _tiles_threaded(dq, w3, x, out, rows, threads)
-            return out
-    # One thread decodes (numba's and BLAS's pools never alternate on the same cores).
-    tile = max(1, TILE_ELEMENTS // k)
-    buf = np.empty((min(tile, n), k), np.float32)
-    for r0 in range(0, n, tile):
-        r1 = min(n, r0 + tile)
-        w = buf[: r1 - r0]
-        dq(w3, f16_table(), _UNIT, r0, r1, w)
-        np.matmul(x, w.T, out=out[:, r0:r1])
-    return out
-
-
-def _tiles_threaded(dq, w3: np.ndarray, x: np.ndarray, out: np.ndarray, rows: int, threads: int):
-    """out[:, tile] = x @ decode(W[tile]).T for tiles of rows, taken in turn by the threads."""
-    n, k = out.shape[1], x.shape[1]
-    ntiles = -(-n // rows)
-    counter = itertools.count()  # next() is atomic under the GIL
+    else:
+        rows = max(1, TILE_ELEMENTS // k)
     lut = f16_table()
 
-    def work() -> None:
-        buf = np.empty((rows, k), np.float32)
-        while (i := next(counter)) < ntiles:
-            r0, r1 = i * rows, min(n, i * rows + rows)
-            w = buf[: r1 - r0]
-            dq(w3, lut, _UNIT, r0, r1, w)  # nogil: the threads really run at once
-            np.matmul(x, w.T, out=out[:, r0:r1])
+    def tile(i: int) -> None:  # decode rows [r0, r1) and multiply them
+        r0, r1 = i * rows, min(n, i * rows + rows)
+        w = scratch((r1 - r0, k))
+        dq(w3, lut, _UNIT, r0, r1, w)
+        np.matmul(x, w.T, out=out[:, r0:r1])
 
-    with _blas_single_thread():
-        helpers = [_executor(threads).submit(work) for _ in range(min(threads, ntiles) - 1)]
-        work()
-        for h in helpers:
-            h.result()
-
-
-_pool = None
-_blas_libs = None
-
-
-def _executor(threads: int):
-    """A process-wide pool of helper threads (threads - 1 of them; the caller is the last)."""
-    global _pool
-    if _pool is None or _pool._max_workers < threads - 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(max(1, threads - 1), thread_name_prefix="ember-quant")
-    return _pool
-
-
-@contextlib.contextmanager
-def _blas_single_thread():
-    """numpy's BLAS on one thread inside the block (the tiles supply the parallelism)."""
-    global _blas_libs
-    if _blas_libs is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
-        except Exception:  # noqa: BLE001 - no threadpoolctl/BLAS info: leave BLAS alone
-            _blas_libs = []
-    libs = [c for c in _blas_libs if c.get_num_threads() != 1]
-    saved = [c.get_num_threads() for c in libs]
-    for c in libs:
-        c.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for c, t in zip(libs, saved):
-            c.set_num_threads(t)
+    run_tiles(tile, -(-n // rows), threads)
+    return out
