@@ -80,14 +80,17 @@ def _pad(rng, b, s, empty_row=True):
     return pad
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("path", ["serial", "parallel", "blocked"])
 @pytest.mark.parametrize(
     ("t", "past", "window", "padded", "hq", "hk"),
     [(1, 0, None, False, 4, 4), (1, 9, None, False, 6, 2), (7, 0, None, False, 6, 3),
      (5, 6, 4, False, 6, 2), (6, 3, None, True, 4, 2), (1, 10, 3, True, 3, 1), (4, 0, 2, True, 2, 2)],
 )  # fmt: skip
-def test_attention_over_cache(impl, monkeypatch, parallel, t, past, window, padded, hq, hk):
-    monkeypatch.setattr(llm, "PARALLEL_ATTENTION_WORK", 0 if parallel else 1 << 60)
+def test_attention_over_cache(impl, monkeypatch, path, t, past, window, padded, hq, hk):
+    monkeypatch.setattr(llm, "PARALLEL_ATTENTION_WORK", 0 if path == "parallel" else 1 << 60)
+    if path == "blocked":  # BLAS blocks of 2 query rows
+        monkeypatch.setattr(llm, "BLOCKED_MIN_QUERIES", 1)
+        monkeypatch.setattr(llm, "ATTENTION_BLOCK_SCORES", 2 * (hq // hk) * (past + t))
     rng = np.random.default_rng(t * 100 + past)
     b, d, max_len = 2, 8, 20
     s = past + t
@@ -256,3 +259,27 @@ def test_quantized_prefill_threaded_tiles(monkeypatch):
         ember.set_num_threads(before)
     want = x @ dequantize(raw, "Q4_1", (n, k)).T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_run_tiles_covers_every_tile_once_and_reraises():
+    from ember.backends.cpu.kernels.tiles import run_tiles, scratch
+
+    count = np.zeros(37, np.int64)
+    sums = np.zeros(37)
+
+    def fn(i):
+        count[i] += 1
+        buf = scratch((3, i + 1))  # private to the thread, reused across its tiles
+        buf[...] = i
+        sums[i] = buf.sum()
+
+    run_tiles(fn, 37, threads=2)
+    np.testing.assert_array_equal(count, 1)
+    np.testing.assert_array_equal(sums, [3 * i * (i + 1) for i in range(37)])
+
+    def bad(i):
+        if i == 5:
+            raise ValueError("tile 5")
+
+    with pytest.raises(ValueError, match="tile 5"):
+        run_tiles(bad, 9, threads=2)
