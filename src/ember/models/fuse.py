@@ -277,7 +277,12 @@ class FusedResidual(nn.Module):
 
 
 class FusedSequential(nn.Sequential):
-    """A Sequential of fused stages (kept as its own type so repr shows what was rewritten)."""
+    """A Sequential of fused stages; BLAS stays on one thread for the whole pass (no toggling)."""
+
+    def forward(self, x):
+        """The stages in order, with numpy's BLAS set to one thread once."""
+        with blas_single_thread():
+            return super().forward(x)
 
 
 class MaxPool2dNHWC(nn.Module):
