@@ -115,7 +115,7 @@ def test_attention_over_cache(impl, monkeypatch, path, t, past, window, padded, 
     )
 
 
-@pytest.mark.parametrize("shape", [(0, 4), (1, 1), (3, 7, 40)])
+@pytest.mark.parametrize("shape", [(0, 4), (1, 1), (3, 7, 40), (70, 300)])
 def test_silu_mul(impl, shape):
     rng = np.random.default_rng(3)
     gu = _f32(rng, *shape[:-1], 2 * shape[-1], scale=30.0)  # exp(-g) overflows for g < -88

@@ -32,6 +32,7 @@ PARALLEL_ATTENTION_WORK = 1 << 22
 # from this many new queries on (a prompt), attention runs as blocks of BLAS products instead
 BLOCKED_MIN_QUERIES = 16
 ATTENTION_BLOCK_SCORES = 1 << 18  # float32 scores per block (1 MiB)
+NUMPY_SILU_MIN = 1 << 14  # from this many elements on, silu_mul runs as numpy passes
 _F32 = np.float32
 
 
@@ -224,9 +225,14 @@ def attention_reference(q, kb, vb, n_keys: int, past: int, window: int, pad, sca
 
 
 def silu_mul_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """silu(g) * u = g * sigmoid(g) * u."""
+    """silu(g) * u = g / (1 + exp(-g)) * u, in place on one temporary."""
+    t = np.negative(g, dtype=_F32)
     with np.errstate(over="ignore"):
-        return (g / (_F32(1.0) + np.exp(-g)) * u).astype(_F32, copy=False)
+        np.exp(t, out=t)
+    t += _F32(1.0)
+    np.divide(g, t, out=t)
+    t *= u
+    return t
 
 
 # --- entry points -----------------------------------------------------------------------------
@@ -316,7 +322,7 @@ def attention(q, kb, vb, n_keys: int, past: int, window: int | None, pad, scale:
 def silu_mul(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """silu(g) * u for float32 arrays of one shape (strided views allowed); a new array."""
     k = _kernel("silu_mul")
-    if k is None:
+    if k is None or g.size >= NUMPY_SILU_MIN:  # numpy's exp is SIMD, numba's calls expf
         return silu_mul_reference(g, u)
     n = g.shape[-1]
     out = np.empty(g.shape, _F32)
