@@ -56,25 +56,45 @@ def _scratch_buffer(size: int) -> np.ndarray:
 
 
 ROW_BLOCK_PIXELS = 256  # output pixels per block: the block's im2col rows stay in L2
-ROW_MODE_MIN_PIXELS = 512  # below this a conv splits its GEMM by output channels instead
+
+
+def _row_mode(m: int, k: int, n: int, nblocks: int, threads: int, one: bool) -> bool:
+    """Split a conv's GEMM (m x k) @ (k x n) by output rows (True) or by output channels.
+
+    Each row block makes BLAS pack the whole weight (k x n) again; each channel chunk packs the
+    whole input (m x k) again, and the channel split needs the im2col done first, by the caller
+    alone: for kxk convs, pick the split that moves fewer floats (measured: 1x1 convs do best
+    with rows once there are a couple of blocks' worth of pixels).
+    """
+    if threads == 1 or one:  # blocks for cache locality, once there are a few of them
+        return m >= 2 * ROW_BLOCK_PIXELS
+    rows = nblocks * k * n + m * k
+    cols = threads * m * k + k * n + (threads - 1) * m * k
+    return rows <= cols
 
 
 def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
-    """Boundaries of near-equal blocks of output rows, ~ROW_BLOCK_PIXELS pixels each."""
+    """Boundaries of near-equal blocks of output rows, ~ROW_BLOCK_PIXELS pixels each.
+
+    The block count is rounded up to a multiple of the thread count, so threads finish together.
+    """
     if rows * ow == 0:
         return [0]
     nblocks = max(1, -(-rows * ow // ROW_BLOCK_PIXELS))
     if threads > 1:
-        nblocks = max(nblocks, min(rows, 2 * threads))
-    per = -(-rows // nblocks)
-    return list(range(0, rows, per)) + [rows]
+        nblocks = min(rows, -(-nblocks // threads) * threads)
+    return [(i * rows) // nblocks for i in range(nblocks)] + [rows]
+
+
+COL_CHUNKS_PER_THREAD = 1  # channel-split GEMMs: more chunks cost more packing of the shared A
 
 
 def _col_blocks(cols: int, threads: int) -> list[int]:
-    """Boundaries splitting `cols` output channels among threads (multiples of 16)."""
+    """Boundaries splitting `cols` output channels into chunks (multiples of 16) for the pool."""
     if threads == 1 or cols < 32:
         return [0, cols]
-    per = -(-cols // threads)
+    n = min(threads * COL_CHUNKS_PER_THREAD, cols // 16)
+    per = -(-cols // n)
     per = -(-per // 16) * 16
     return list(range(0, cols, per)) + [cols]
 
@@ -159,29 +179,32 @@ class FusedConv2d(nn.Module):
             return channels_last(out)
         y = out.reshape(m, o)
         w2, bias, act = self.w_np, self.bias_np, self._act
+        kk = w2.shape[0]
         one = kh == kw == 1 and not (pt or pb or pl or pr)
-        if one:
-            src = a if sh == sw == 1 else np.ascontiguousarray(a[:, ::sh, ::sw][:, :oh, :ow])
-            src = src.reshape(m, c)
-        bounds = _row_blocks(n * oh, ow, pool.n) if m >= ROW_MODE_MIN_PIXELS else None
-        if bounds is not None:  # blocks of output rows: im2col -> GEMM -> epilogue, in cache
+        if one:  # 1x1: the GEMM reads the input itself (every sh-th row / sw-th pixel)
+            src = (a if sh == sw == 1 else a[:, ::sh, ::sw][:, :oh, :ow]).reshape(n * oh, ow, c)
+        bounds = _row_blocks(n * oh, ow, pool.n)
+        if _row_mode(m, kk, o, len(bounds) - 1, pool.n, one):
+            # blocks of output rows: im2col -> GEMM -> epilogue while the block is in cache
 
             def task(i: int) -> None:
                 r0, r1 = bounds[i], bounds[i + 1]
                 p0, p1 = r0 * ow, r1 * ow
                 if one:
-                    s = src[p0:p1]
+                    s = src[r0:r1].reshape(p1 - p0, c)  # a copy only when strided
                 else:
-                    s = _scratch_buffer((p1 - p0) * w2.shape[0]).reshape(p1 - p0, w2.shape[0])
+                    s = _scratch_buffer((p1 - p0) * kk).reshape(p1 - p0, kk)
                     K.im2col(a, s, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
                 yy = y[p0:p1]
                 np.matmul(s, w2, out=yy)
                 K.epilogue(yy, bias, None if res is None else res[p0:p1], act)
 
             ntasks = len(bounds) - 1
-        else:  # few pixels (deep layers): one im2col, the GEMM split by output channels
-            if not one:
-                src = _scratch_buffer(m * w2.shape[0]).reshape(m, w2.shape[0])
+        else:  # few pixels, big weights: one im2col, the GEMM split by output channels
+            if one:
+                src = np.ascontiguousarray(src).reshape(m, c)
+            else:
+                src = _scratch_buffer(m * kk).reshape(m, kk)
                 K.im2col(a, src, kh, kw, sh, sw, pt, pl, oh, ow)
             cols = _col_blocks(o, pool.n)
 

@@ -160,22 +160,25 @@ def test_worker_pool_runs_every_task_once_and_reraises():
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_blocked_paths_match_torch_for_any_thread_count(threads, monkeypatch):
+@pytest.mark.parametrize("rows", [True, False])
+def test_blocked_paths_match_torch_for_any_thread_count(threads, rows, monkeypatch):
     import ember.models.fuse as fz
 
     monkeypatch.setattr(fz, "ROW_BLOCK_PIXELS", 16)  # many row blocks even on small images
-    monkeypatch.setattr(fz, "ROW_MODE_MIN_PIXELS", 40)
+    monkeypatch.setattr(fz, "_row_mode", lambda *a: rows)  # force the row or the channel split
     old = ember.get_num_threads()
     ember.set_num_threads(threads)
     try:
-        for hw in ((9, 7), (4, 4)):  # row mode, then channel-split mode
-            tconv = torch.nn.Conv2d(6, 40, 3, 1, 1)
-            x = _r(2, 6, *hw)
+        for k, s, p in ((3, 1, 1), (1, 2, 0), (1, 1, 0)):
+            tconv = torch.nn.Conv2d(6, 40, k, s, p)
+            x = _r(2, 6, 9, 7)
+            res = _r(*tconv(torch.from_numpy(x)).shape)
             with torch.no_grad():
-                ref = torch.relu(tconv(torch.from_numpy(x))).numpy()
+                ref = torch.relu(tconv(torch.from_numpy(x)) + torch.from_numpy(res)).numpy()
             w, b = tconv.weight.detach().numpy(), tconv.bias.detach().numpy()
-            fused = FusedConv2d(w, b, (1, 1), (1, 1, 1, 1), act="relu")
-            np.testing.assert_allclose(fused(ember.from_numpy(x)).numpy(), ref, atol=1e-5)
+            fused = FusedConv2d(w, b, (s, s), (p, p, p, p), act="relu")
+            y = fused(ember.from_numpy(x), residual=ember.from_numpy(res))
+            np.testing.assert_allclose(y.numpy(), ref, atol=1e-5)
     finally:
         ember.set_num_threads(old)
 
