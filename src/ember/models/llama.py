@@ -21,7 +21,7 @@ import numpy as np
 
 import ember
 from ember import nn
-from ember.autograd import Function
+from ember.autograd import Function, elementwise_meta
 from ember.device import CPU
 from ember.generation.cache import CausalMask, cached_attention
 from ember.nn import functional as F
@@ -292,6 +292,8 @@ class LinearGroup:
 
 class SiluMul(Function):
     """silu(g) * u (SwiGLU's gate) in one pass; backward in closed form."""
+
+    meta = elementwise_meta
 
     def forward(self, g, u):
         self.g, self.u = g, u
