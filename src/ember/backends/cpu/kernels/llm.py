@@ -32,6 +32,7 @@ PARALLEL_ATTENTION_WORK = 1 << 22
 # from this many new queries on (a prompt), attention runs as blocks of BLAS products instead
 BLOCKED_MIN_QUERIES = 16
 ATTENTION_BLOCK_SCORES = 1 << 18  # float32 scores per block (1 MiB)
+ATTENTION_BLOCK_ROWS = 64  # query rows per block: later blocks see more keys, earlier ones fewer
 NUMPY_SILU_MIN = 1 << 14  # from this many elements on, silu_mul runs as numpy passes
 _F32 = np.float32
 
@@ -270,7 +271,7 @@ def attention_blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale
     hk = kb.shape[1]
     rep = hq // hk
     out = np.empty((nb, nt, hq, d), _F32)
-    rows = max(1, ATTENTION_BLOCK_SCORES // max(1, rep * n_keys))
+    rows = max(1, min(ATTENTION_BLOCK_ROWS, ATTENTION_BLOCK_SCORES // max(1, rep * n_keys)))
     nblocks = -(-nt // rows)
 
     def block(i: int) -> None:
@@ -278,18 +279,22 @@ def attention_blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale
         r0, g = divmod(rest, hk)
         r0 *= rows
         r1 = min(nt, r0 + rows)
+        k0, k1 = 0, n_keys  # the keys this block's rows may see
+        if pad is None:
+            k0 = max(0, past + r0 - window + 1) if window > 0 else 0
+            k1 = min(n_keys, past + r1)
         pb = None if pad is None else pad[b : b + 1]
-        ok = allowed_keys(1, r1 - r0, n_keys, past + r0, window, pb)[0]
+        ok = allowed_keys(1, r1 - r0, n_keys, past + r0, window, pb)[0, :, k0:k1]
         qg = q[b, r0:r1, g * rep : (g + 1) * rep].reshape((r1 - r0) * rep, d)
-        s = scratch(((r1 - r0) * rep, n_keys))
-        np.matmul(qg, kb[b, g, :n_keys].T, out=s)
-        s3 = s.reshape(r1 - r0, rep, n_keys)
+        s = scratch(((r1 - r0) * rep, k1 - k0))
+        np.matmul(qg, kb[b, g, k0:k1].T, out=s)
+        s3 = s.reshape(r1 - r0, rep, k1 - k0)
         s3 *= _F32(scale)
         s3 += np.where(ok, _F32(0.0), _F32(-np.inf))[:, None, :]
         s3 -= s3.max(-1, keepdims=True)
         np.exp(s3, out=s3)
         s3 /= s3.sum(-1, keepdims=True)
-        o = np.matmul(s, vb[b, g, :n_keys])
+        o = np.matmul(s, vb[b, g, k0:k1])
         out[b, r0:r1, g * rep : (g + 1) * rep] = o.reshape(r1 - r0, rep, d)
 
     run_tiles(block, nb * nblocks * hk)
