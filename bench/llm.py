@@ -93,7 +93,8 @@ def run_torch(path, ids, new, threads, repeat):
 
     list(step(2))
     out = _best([_stamps(step, new) for _ in range(repeat)])
-    return {**out, "load_s": load, "version": f"torch {torch.__version__}", "blas": blas_info()}
+    version = f"torch {torch.__version__} ({torch.get_num_threads()} intra-op threads)"
+    return {**out, "load_s": load, "version": version, "blas": blas_info()}
 
 
 def run_llamacpp(path, ids, new, threads, repeat, safe=False):
