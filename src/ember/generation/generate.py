@@ -18,7 +18,9 @@ def _as_batch(prompts) -> tuple[list[list[int]], bool]:
     return [list(map(int, p)) for p in prompts], False
 
 
-def _fit_context(batch: list[list[int]], max_new: int, limit: int, truncate: bool) -> list[list[int]]:
+def _fit_context(
+    batch: list[list[int]], max_new: int, limit: int, truncate: bool
+) -> list[list[int]]:
     longest = max(len(p) for p in batch)
     if longest + max_new <= limit:
         return batch
@@ -30,7 +32,9 @@ def _fit_context(batch: list[list[int]], max_new: int, limit: int, truncate: boo
         )
     keep = limit - max_new
     if keep <= 0:
-        raise ShapeError(f"max_new_tokens={max_new} alone exceeds the model's context of {limit} tokens")
+        raise ShapeError(
+            f"max_new_tokens={max_new} alone exceeds the model's context of {limit} tokens"
+        )
     return [p[-keep:] for p in batch]
 
 
@@ -59,13 +63,27 @@ def generate_tokens(
         ids[i, plen - len(p) :] = p
         mask[i, plen - len(p) : plen] = True
     padded = any(len(p) != plen for p in batch)
-    cache = KVCache(cfg.num_hidden_layers, b, cfg.num_key_value_heads, plen + max_new_tokens, cfg.head_dim)
-    samplers = [Sampler(SamplingParams(**{**params.__dict__, "seed": None if params.seed is None else params.seed + i})) for i in range(b)]
+    cache = KVCache(
+        cfg.num_hidden_layers, b, cfg.num_key_value_heads, plen + max_new_tokens, cfg.head_dim
+    )
+    samplers = [
+        Sampler(
+            SamplingParams(
+                **{**params.__dict__, "seed": None if params.seed is None else params.seed + i}
+            )
+        )
+        for i in range(b)
+    ]
     history = [list(p) for p in batch]
     stops = set(int(s) for s in stop_token_ids)
     alive = [True] * b
     with ember.no_grad():
-        logits = model(ember.from_numpy(ids), attention_mask=mask[:, :plen] if padded else None, cache=cache, logits_to_keep=1)
+        logits = model(
+            ember.from_numpy(ids),
+            attention_mask=mask[:, :plen] if padded else None,
+            cache=cache,
+            logits_to_keep=1,
+        )
         for step in range(max_new_tokens):
             rows = logits.numpy()[:, -1, :].astype(np.float32, copy=False)
             out: list[int | None] = []
@@ -73,7 +91,9 @@ def generate_tokens(
                 if not alive[i]:
                     out.append(None)
                     continue
-                tok = samplers[i](rows[i], np.asarray(history[i]) if _needs_history(params) else None)
+                tok = samplers[i](
+                    rows[i], np.asarray(history[i]) if _needs_history(params) else None
+                )
                 history[i].append(tok)
                 if tok in stops:
                     alive[i] = False
@@ -83,7 +103,12 @@ def generate_tokens(
                 return
             nxt = np.array([[t if t is not None else pad_token_id] for t in out], np.int64)
             mask[:, plen + step] = True
-            logits = model(ember.from_numpy(nxt), attention_mask=mask[:, : plen + step + 1] if padded else None, cache=cache, logits_to_keep=1)
+            logits = model(
+                ember.from_numpy(nxt),
+                attention_mask=mask[:, : plen + step + 1] if padded else None,
+                cache=cache,
+                logits_to_keep=1,
+            )
 
 
 def _needs_history(p: SamplingParams) -> bool:
@@ -117,11 +142,17 @@ def stream_text(
     truncate: bool = False,
 ) -> Iterator[str]:
     """Yield pieces of generated text as they come (never half a character, never a stop string)."""
-    ids = tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if isinstance(prompt, str) else list(prompt)
+    ids = (
+        tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if isinstance(prompt, str)
+        else list(prompt)
+    )
     stops_ids = tokenizer.eos_token_ids if stop_token_ids is None else stop_token_ids
     dec = tokenizer.stream(skip_special_tokens=True)
     text, sent = "", 0
-    for (tok,) in generate_tokens(model, ids, max_new_tokens, sampling, stops_ids, truncate=truncate):
+    for (tok,) in generate_tokens(
+        model, ids, max_new_tokens, sampling, stops_ids, truncate=truncate
+    ):
         if tok is None or tok in stops_ids:
             break
         text += dec.put(tok)
@@ -149,12 +180,16 @@ def generate(
 ) -> str | list[str]:
     """Generate the continuation of one prompt (a str) or of several (a list of str, batched)."""
     if isinstance(prompt, str):
-        return "".join(stream_text(model, tokenizer, prompt, max_new_tokens, sampling, stop, **kwargs))
+        return "".join(
+            stream_text(model, tokenizer, prompt, max_new_tokens, sampling, stop, **kwargs)
+        )
     batch = [tokenizer.encode(p) for p in prompt]
     stops_ids = set(tokenizer.eos_token_ids)
     outs: list[list[int]] = [[] for _ in batch]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for step in generate_tokens(model, batch, max_new_tokens, sampling, stops_ids, pad_token_id=pad, **kwargs):
+    for step in generate_tokens(
+        model, batch, max_new_tokens, sampling, stops_ids, pad_token_id=pad, **kwargs
+    ):
         for i, t in enumerate(step):
             if t is not None and t not in stops_ids:
                 outs[i].append(t)
