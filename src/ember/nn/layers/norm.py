@@ -23,6 +23,22 @@ def _ones(shape, device, dtype) -> Tensor:
     return ones(tuple(shape), dtype=dtype, device=device)
 
 
+def _affine(module: Module, shape: tuple, affine: bool, bias: bool, device, dtype) -> None:
+    """Register weight and bias of the given shape (None when not affine / no bias)."""
+    module.register_parameter("weight", empty_param(shape, device, dtype) if affine else None)
+    module.register_parameter(
+        "bias", empty_param(shape, device, dtype) if affine and bias else None
+    )
+
+
+def _reset_affine(module: Module) -> None:
+    """Weight 1, bias 0 (where they exist)."""
+    if module.weight is not None:
+        init.ones_(module.weight)
+    if getattr(module, "bias", None) is not None:
+        init.zeros_(module.bias)
+
+
 class _NormBase(Module):
     """State shared by batch and instance norm: affine parameters and running statistics."""
 
@@ -46,15 +62,7 @@ class _NormBase(Module):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = empty_param((num_features,), device, dtype)
-            if bias:
-                self.bias = empty_param((num_features,), device, dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_features,), affine, bias, device, dtype)
         if track_running_stats:
             self.register_buffer("running_mean", _zeros((num_features,), device, dtype))
             self.register_buffer("running_var", _ones((num_features,), device, dtype))
@@ -75,10 +83,7 @@ class _NormBase(Module):
     def reset_parameters(self) -> None:
         """Reset running stats; weight 1, bias 0."""
         self.reset_running_stats()
-        if self.affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def _check_input_dim(self, input: Tensor) -> None:
         raise NotImplementedError
@@ -235,23 +240,12 @@ class LayerNorm(Module):
         self.normalized_shape = tuple(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = empty_param(self.normalized_shape, device, dtype)
-            if bias:
-                self.bias = empty_param(self.normalized_shape, device, dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, self.normalized_shape, elementwise_affine, bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Weight 1, bias 0."""
-        if self.elementwise_affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         """layer_norm(input)."""
@@ -291,8 +285,7 @@ class RMSNorm(Module):
 
     def reset_parameters(self) -> None:
         """Weight 1."""
-        if self.elementwise_affine:
-            init.ones_(self.weight)
+        _reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
         """rms_norm(x)."""
@@ -326,23 +319,12 @@ class GroupNorm(Module):
         self.num_channels = num_channels
         self.eps = eps
         self.affine = affine
-        if affine:
-            self.weight = empty_param((num_channels,), device, dtype)
-            if bias:
-                self.bias = empty_param((num_channels,), device, dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_channels,), affine, bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Weight 1, bias 0."""
-        if self.affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         """group_norm(input)."""
