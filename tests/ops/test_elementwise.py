@@ -98,6 +98,66 @@ def test_activations(i):
     gradcheck(e, [(3, 4)], low=-5, high=5)
 
 
+_SPECIALS = [0.0, -0.0, 1e-30, -1e-38, 3.9, 4.0, 4.1, -5.0, 1e30, -1e30, np.inf, -np.inf, np.nan]
+
+
+def _erf_gelu_inputs(rng) -> list[np.ndarray]:
+    """float32 arrays of awkward shapes: wide range, special values, 0-d, empty, non-contiguous."""
+    big = np.concatenate([rng.standard_normal(3001) * 3, rng.uniform(-12, 12, 3001), _SPECIALS])
+    big = rng.permutation(big).astype(np.float32)
+    strided = (rng.standard_normal((5, 2, 67)) * 4).astype(np.float32).transpose(2, 0, 1)[::2]
+    return [big, big.reshape(1, 15, 401), strided, np.full((), 0.7, np.float32), np.zeros((0, 3))]
+
+
+@pytest.mark.parametrize("kernels", ["numba", "numpy"])
+def test_erf_gelu_float32_accuracy(kernels, monkeypatch):
+    from ember.backends.cpu.kernels import special
+
+    if kernels == "numpy":  # the fallback without numba (EMBER_NO_NUMBA=1)
+        monkeypatch.setattr(special, "_ufuncs", {})
+    rng = np.random.default_rng(3)
+    with np.errstate(invalid="ignore"):  # inf * 0 and nan in the references
+        _check_erf_gelu_f32(special, _erf_gelu_inputs(rng))
+
+
+def _check_erf_gelu_f32(special, inputs: list[np.ndarray]) -> None:
+    """ember.erf / ember.gelu on float32 arrays against math.erf (float64) and torch."""
+    for a in inputs:
+        a = a.astype(np.float32, copy=False)
+        x, t = ember.from_numpy(a), torch.from_numpy(np.ascontiguousarray(a))
+        exact = special.erf_reference(a.astype(np.float64))
+        y = ember.erf(x).numpy()
+        assert y.dtype == np.float32 and y.shape == a.shape
+        np.testing.assert_allclose(y, torch.erf(t).numpy(), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(y, exact, atol=5e-7, rtol=0)  # a few float32 ulps of 1
+        g = ember.gelu(x).numpy()
+        assert g.dtype == np.float32 and g.shape == a.shape
+        # |error| <= 1.4e-6 near |x| = 4 (erf's error times |x| / 2), as torch's own (1.2e-6)
+        want = special.gelu_reference(a.astype(np.float64))
+        np.testing.assert_allclose(g, want, atol=1.5e-6, rtol=3e-7)
+        # torch's gelu gives nan at +inf (and inf at 3e38); the limit, and math.erf, give +inf
+        tg = torch.nn.functional.gelu(t).numpy()
+        tg = np.where(np.isposinf(a), np.inf, tg)
+        np.testing.assert_allclose(g, tg, atol=2.5e-6, rtol=3e-7)
+        # the kernels against their numpy form (the same float32 formula)
+        np.testing.assert_allclose(special.erf(a), special.erf_f32(a), atol=1e-7, rtol=0)
+        np.testing.assert_allclose(special.gelu(a), 0.5 * a * (1 + special.erf_f32(a / 2**0.5)),
+                                   atol=1e-6, rtol=1e-7)  # fmt: skip
+
+
+def test_erf_gelu_float64_stay_exact():
+    from ember.backends.cpu.kernels import special
+
+    a = np.random.default_rng(4).uniform(-6, 6, (17, 19))
+    a[0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    x, t = ember.from_numpy(a), torch.from_numpy(a)
+    np.testing.assert_allclose(ember.erf(x).numpy(), torch.erf(t).numpy(), atol=1e-15, rtol=0)
+    np.testing.assert_array_equal(ember.erf(x).numpy(), special.erf_reference(a))
+    np.testing.assert_allclose(
+        ember.gelu(x).numpy(), torch.nn.functional.gelu(t).numpy(), atol=1e-14, rtol=1e-15
+    )
+
+
 BINARY = [
     (lambda a, b: a + b, None),
     (lambda a, b: a - b, None),

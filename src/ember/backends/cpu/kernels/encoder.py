@@ -23,14 +23,9 @@ import types
 import numpy as np
 
 from ember.backends.cpu.kernels import numba_or_none
+from ember.backends.cpu.kernels.special import erf_f32_jit, erf_reference
 
 _K: dict | None = None
-# erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (|error| < 2e-7; Eigen's float erf, also PyTorch's)
-_ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-              -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-              -1.60960333262415e-02)  # fmt: skip
-_ERF_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-             -7.37332916720468e-03, -1.42647390514189e-02)  # fmt: skip
 _RSQRT2 = 0.7071067811865476
 # The kernels run between BLAS calls. Handing work from BLAS's thread pool to numba's and back
 # costs more than these passes take, so they run on the calling thread; attention, whose work
@@ -45,9 +40,8 @@ def _build() -> dict:
     if nb is None:
         return {}
     njit, prange = nb.njit, nb.prange
-    a1, a3, a5, a7, a9, a11, a13 = (np.float32(c) for c in _ERF_ALPHA)
-    b0, b2, b4, b6, b8 = (np.float32(c) for c in _ERF_BETA)
-    half, one, four, rsqrt2 = np.float32(0.5), np.float32(1.0), np.float32(4.0), np.float32(_RSQRT2)
+    erf32 = erf_f32_jit()
+    half, one, rsqrt2 = np.float32(0.5), np.float32(1.0), np.float32(_RSQRT2)
 
     def attention(qkv, bias, cu, nh, scale, out):  # pragma: no cover - compiled
         hidden = out.shape[0]
@@ -126,20 +120,8 @@ def _build() -> dict:
             ur, bc = u[c], bias[c]
             for r in range(n):
                 t = ur[r] + bc
-                # erf(t / sqrt 2) as a rational function in float32 (branch-free: vectorizes)
-                x = min(max(t * rsqrt2, -four), four)
-                x2 = x * x
-                p = x2 * a1 + a3
-                p = x2 * p + a5
-                p = x2 * p + a7
-                p = x2 * p + a9
-                p = x2 * p + a11
-                p = x2 * p + a13
-                q = x2 * b0 + b2
-                q = x2 * q + b4
-                q = x2 * q + b6
-                q = x2 * q + b8
-                ur[r] = half * t * (one + x * p / q)
+                # erf in float32, inlined and branch-free: the loop vectorizes
+                ur[r] = half * t * (one + erf32(t * rsqrt2))
 
     def embed_ln(word, pos, typ, ids, pids, tids, w, beta, eps, out):  # pragma: no cover
         feats, n = out.shape
@@ -218,8 +200,6 @@ def add_layer_norm_reference(x, h, bias, w, beta, eps: float) -> np.ndarray:
 
 def bias_gelu_reference(u: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """gelu(u + bias[:, None]), exact erf form."""
-    from ember.backends.cpu.kernels.special import erf_reference
-
     t = u + bias[:, None]
     return np.float32(0.5) * t * (np.float32(1.0) + erf_reference(t * np.float32(_RSQRT2)))
 
