@@ -11,15 +11,15 @@ What it does:
   into the epilogue of their last conv as well.
 - Activations are kept channels-last: a FusedConv2d returns a tensor of the usual logical shape
   (N, C, H, W) whose memory is NHWC (torch's ``channels_last``), so any ember op downstream reads
-  it correctly, and the next fused conv uses it without a copy. On NHWC data a 1x1 convolution is
-  a plain GEMM and a kxk one is a cheap im2col (kw*C contiguous floats per window row) plus a
-  GEMM; depthwise convolutions, max pooling and the epilogue are numba kernels
-  (ember.backends.cpu.kernels.conv_nhwc). im2col scratch memory is reused between layers.
-- Work is cut into blocks (~256 output pixels: im2col -> GEMM -> epilogue while the block is in
-  L2; or, for deep layers with few pixels, slices of output channels) that the threads of
-  ember.models._workers take one at a time, each with one-thread BLAS: one thread pool, no
-  barrier per op, and a thread the OS preempts delays one block only.
-- Linear layers become FusedLinear (output channels split over the same pool).
+  it correctly, and the next fused conv uses it without a copy.
+- Convolutions and linear layers run on ember's packed-weight GEMM
+  (ember.backends.cpu.kernels.sgemm): the weight is packed into panels once, here; on NHWC data a
+  kxk convolution reads its (zero-padded) input in place, each tap a fixed offset from the output
+  pixel's window (no im2col), and bias, residual and activation are applied as each output tile
+  is stored. Only convs with few input channels (the RGB stem) go through an im2col buffer.
+  Depthwise convolutions and max pooling are numba kernels (kernels.conv_nhwc) run in row blocks
+  on the threads of ember.models._workers. Without numba or AVX2 the GEMMs fall back to im2col
+  + numpy's BLAS.
 - Float32 inference only: the fused model records no autograd graph (it is not for training).
 
 The rewrite walks the module tree: a module with ``fuse_for_inference()`` is replaced by what that
@@ -38,39 +38,36 @@ import numpy as np
 from ember import nn
 from ember.autograd import no_grad
 from ember.backends.cpu.kernels import conv_nhwc as K
+from ember.backends.cpu.kernels import sgemm as G
 from ember.errors import UnsupportedError
 from ember.models._workers import blas_single_thread, get_pool
 from ember.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
-_scratch = threading.local()
+_buffers = threading.local()
 
 
-def _scratch_buffer(size: int) -> np.ndarray:
-    """A per-thread float32 buffer of at least `size` elements, reused between layers."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < size:
-        buf = np.empty(size, _F32)
-        _scratch.buf = buf
-    return buf[:size]
+def _buffer(key: tuple, shape: tuple) -> np.ndarray:
+    """A per-thread float32 scratch array for `key`, zeroed when first made, reused after."""
+    bufs = getattr(_buffers, "d", None)
+    if bufs is None:
+        bufs = _buffers.d = {}
+    buf = bufs.get(key)
+    if buf is None:
+        buf = bufs[key] = np.zeros(shape, _F32)
+    return buf
 
 
-ROW_BLOCK_PIXELS = 256  # output pixels per block: the block's im2col rows stay in L2
+def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
+    """a (N, H, W, C) copied inside a zero border (the border of a reused buffer stays zero)."""
+    n, h, w, c = a.shape
+    buf = _buffer(("pad", *a.shape, pt, pb, pl, pr), (n, h + pt + pb, w + pl + pr, c))
+    buf[:, pt : pt + h, pl : pl + w] = a
+    return buf
 
 
-def _row_mode(m: int, k: int, n: int, nblocks: int, threads: int, one: bool) -> bool:
-    """Split a conv's GEMM (m x k) @ (k x n) by output rows (True) or by output channels.
-
-    Each row block makes BLAS pack the whole weight (k x n) again; each channel chunk packs the
-    whole input (m x k) again, and the channel split needs the im2col done first, by the caller
-    alone: for kxk convs, pick the split that moves fewer floats (measured: 1x1 convs do best
-    with rows once there are a couple of blocks' worth of pixels).
-    """
-    if threads == 1 or one:  # blocks for cache locality, once there are a few of them
-        return m >= 2 * ROW_BLOCK_PIXELS
-    rows = nblocks * k * n + m * k
-    cols = threads * m * k + k * n + (threads - 1) * m * k
-    return rows <= cols
+ROW_BLOCK_PIXELS = 256  # depthwise/pool tasks: ~256 output pixels each
+IM2COL_BELOW_CHANNELS = 16  # kxk convs with fewer input channels run on im2col rows
 
 
 def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
@@ -86,17 +83,14 @@ def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
     return [(i * rows) // nblocks for i in range(nblocks)] + [rows]
 
 
-COL_CHUNKS_PER_THREAD = 1  # channel-split GEMMs: more chunks cost more packing of the shared A
-
-
-def _col_blocks(cols: int, threads: int) -> list[int]:
-    """Boundaries splitting `cols` output channels into chunks (multiples of 16) for the pool."""
-    if threads == 1 or cols < 32:
-        return [0, cols]
-    n = min(threads * COL_CHUNKS_PER_THREAD, cols // 16)
-    per = -(-cols // n)
-    per = -(-per // 16) * 16
-    return list(range(0, cols, per)) + [cols]
+def window_offsets(shape, kernel, stride, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets into an (N, H, W, C) array of each output pixel's window origin and of each tap."""
+    n, h, w, c = shape
+    (kh, kw), (sh, sw), i8 = kernel, stride, np.int64
+    b, y, x = np.ix_(np.arange(n, dtype=i8), np.arange(oh, dtype=i8), np.arange(ow, dtype=i8))
+    rowoff = (((b * h + y * sh) * w + x * sw) * c).reshape(-1)
+    tapoff = np.array([(i * w + j) * c for i in range(kh) for j in range(kw)], i8)
+    return rowoff, tapoff
 
 
 def nhwc(x: Tensor) -> np.ndarray:
@@ -150,10 +144,13 @@ class FusedConv2d(nn.Module):
             self.w_np = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
         elif groups == 1:
             self.w_np = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o))
+            nr = G.panel_width()
+            self.packed = None if nr is None else G.pack_weight(self.w_np, nr)
         else:
             raise UnsupportedError(
                 f"FusedConv2d: grouped convolutions other than depthwise (groups={groups})"
             )
+        self._geom: dict = {}
 
     def _pads(self, h: int, w: int) -> tuple:
         if self.padding == "tf_same":
@@ -178,45 +175,31 @@ class FusedConv2d(nn.Module):
             self._depthwise(a, out, res, pool, (sh, sw, pt, pl))
             return channels_last(out)
         y = out.reshape(m, o)
-        w2, bias, act = self.w_np, self.bias_np, self._act
-        kk = w2.shape[0]
-        one = kh == kw == 1 and not (pt or pb or pl or pr)
-        if one:  # 1x1: the GEMM reads the input itself (every sh-th row / sw-th pixel)
-            src = (a if sh == sw == 1 else a[:, ::sh, ::sw][:, :oh, :ow]).reshape(n * oh, ow, c)
-        bounds = _row_blocks(n * oh, ow, pool.n)
-        if _row_mode(m, kk, o, len(bounds) - 1, pool.n, one):
-            # blocks of output rows: im2col -> GEMM -> epilogue while the block is in cache
-
-            def task(i: int) -> None:
-                r0, r1 = bounds[i], bounds[i + 1]
-                p0, p1 = r0 * ow, r1 * ow
-                if one:
-                    s = src[r0:r1].reshape(p1 - p0, c)  # a copy only when strided
-                else:
-                    s = _scratch_buffer((p1 - p0) * kk).reshape(p1 - p0, kk)
-                    K.im2col(a, s, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
-                yy = y[p0:p1]
-                np.matmul(s, w2, out=yy)
-                K.epilogue(yy, bias, None if res is None else res[p0:p1], act)
-
-            ntasks = len(bounds) - 1
-        else:  # few pixels, big weights: one im2col, the GEMM split by output channels
-            if one:
-                src = np.ascontiguousarray(src).reshape(m, c)
+        kk = self.w_np.shape[0]
+        if self.packed is None:  # no microkernels (no numba, or no AVX2/FMA): im2col + BLAS
+            if kh == kw == 1 and not (pt or pb or pl or pr):
+                cols = np.ascontiguousarray(a[:, ::sh, ::sw]).reshape(m, c)
             else:
-                src = _scratch_buffer(m * kk).reshape(m, kk)
-                K.im2col(a, src, kh, kw, sh, sw, pt, pl, oh, ow)
-            cols = _col_blocks(o, pool.n)
-
-            def task(i: int) -> None:
-                c0, c1 = cols[i], cols[i + 1]
-                yy = y[:, c0:c1]
-                np.matmul(src, w2[:, c0:c1], out=yy)
-                K.epilogue(yy, bias[c0:c1], None if res is None else res[:, c0:c1], act)
-
-            ntasks = len(cols) - 1
-        with blas_single_thread():
-            pool.run(task, ntasks)
+                cols = K.im2col(a, np.empty((m, kk), _F32), kh, kw, sh, sw, pt, pl, oh, ow)
+            K.epilogue(np.matmul(cols, self.w_np, out=y), self.bias_np, res, self._act)
+            return channels_last(out)
+        if c < IM2COL_BELOW_CHANNELS and kh * kw > 1:  # few channels per tap (the RGB stem)
+            src = _buffer(("cols", m, kk), (m, kk))
+            bounds = _row_blocks(n * oh, ow, pool.n)
+            geom = kh, kw, sh, sw, pt, pl, oh, ow
+            pool.run(
+                lambda i: K.im2col(a, src[bounds[i] * ow :], *geom, bounds[i], bounds[i + 1]),
+                len(bounds) - 1,
+            )
+            key = ("cols", m)
+            make = lambda: (np.arange(m, dtype=np.int64) * kk, np.zeros(1, np.int64))  # noqa: E731
+        else:  # the GEMM reads the (padded) input in place
+            src = _padded(a, pt, pb, pl, pr) if (pt or pb or pl or pr) else a
+            key = (n, h, w)
+            make = lambda: window_offsets(src.shape, (kh, kw), (sh, sw), oh, ow)  # noqa: E731
+        rowoff, tapoff = self._geom.get(key) or self._geom.setdefault(key, make())
+        kc = kk if len(tapoff) == 1 else c
+        G.gemm(src.reshape(-1), rowoff, tapoff, kc, self.packed, self.bias_np, res, self._act, y)
         return channels_last(out)
 
     def _depthwise(self, a, out, res, pool, geom) -> None:
@@ -333,7 +316,7 @@ class MaxPool2dNHWC(nn.Module):
 
 
 class FusedLinear(nn.Module):
-    """Linear on the fused path: output channels split over the worker pool, one-thread BLAS."""
+    """Linear on the fused path: the packed-weight GEMM (bias in its epilogue)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -341,6 +324,9 @@ class FusedLinear(nn.Module):
         self.wt_np = np.ascontiguousarray(linear.weight._data.astype(_F32).T)  # (in, out)
         b = linear.bias
         self.bias_np = np.zeros(self.out_features, _F32) if b is None else b._data.astype(_F32)
+        nr = G.panel_width()
+        self.packed = None if nr is None else G.pack_weight(self.wt_np, nr)
+        self._rows: dict = {}
 
     def forward(self, x: Tensor) -> Tensor:
         """x @ W.T + b over the last dim."""
@@ -350,18 +336,15 @@ class FusedLinear(nn.Module):
                 f"FusedLinear: expected {self.in_features} features, got {a.shape}"
             )
         a2 = np.ascontiguousarray(a.reshape(-1, self.in_features), dtype=_F32)
-        y = np.empty((a2.shape[0], self.out_features), _F32)
-        pool = get_pool()
-        cols = _col_blocks(self.out_features, pool.n)
-
-        def task(i: int) -> None:
-            c0, c1 = cols[i], cols[i + 1]
-            yy = y[:, c0:c1]
-            np.matmul(a2, self.wt_np[:, c0:c1], out=yy)
-            K.epilogue(yy, self.bias_np[c0:c1], None, 0)
-
-        with blas_single_thread():
-            pool.run(task, len(cols) - 1)
+        m, k = a2.shape
+        y = np.empty((m, self.out_features), _F32)
+        if self.packed is None:
+            K.epilogue(np.matmul(a2, self.wt_np, out=y), self.bias_np, None, 0)
+        else:
+            offs = self._rows.get(m)
+            if offs is None:
+                offs = self._rows[m] = (np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64))
+            G.gemm(a2.reshape(-1), *offs, k, self.packed, self.bias_np, None, 0, y)
         return Tensor._wrap(y.reshape(*a.shape[:-1], self.out_features))
 
     def extra_repr(self) -> str:

@@ -160,25 +160,34 @@ def test_worker_pool_runs_every_task_once_and_reraises():
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("rows", [True, False])
-def test_blocked_paths_match_torch_for_any_thread_count(threads, rows, monkeypatch):
+@pytest.mark.parametrize("microkernels", [True, False])
+def test_fused_conv_paths_match_torch_for_any_thread_count(threads, microkernels, monkeypatch):
     import ember.models.fuse as fz
 
-    monkeypatch.setattr(fz, "ROW_BLOCK_PIXELS", 16)  # many row blocks even on small images
-    monkeypatch.setattr(fz, "_row_mode", lambda *a: rows)  # force the row or the channel split
+    if not microkernels:  # the fallback (no numba or no AVX2): im2col + BLAS
+        monkeypatch.setattr(fz.G, "panel_width", lambda: None)
+    monkeypatch.setattr(fz, "ROW_BLOCK_PIXELS", 16)  # many im2col blocks even on small images
     old = ember.get_num_threads()
     ember.set_num_threads(threads)
-    try:
-        for k, s, p in ((3, 1, 1), (1, 2, 0), (1, 1, 0)):
-            tconv = torch.nn.Conv2d(6, 40, k, s, p)
-            x = _r(2, 6, 9, 7)
+    try:  # in place (1x1), padded, im2col'd (few channels), tf-same padding
+        for cin, k, s, p in (
+            (20, 3, 1, 1),
+            (20, 1, 2, 0),
+            (20, 1, 1, 0),
+            (6, 3, 2, 1),
+            (17, 3, 2, 0),
+        ):
+            tconv = torch.nn.Conv2d(cin, 40, k, s, p)
+            x = _r(2, cin, 9, 7)
             res = _r(*tconv(torch.from_numpy(x)).shape)
             with torch.no_grad():
                 ref = torch.relu(tconv(torch.from_numpy(x)) + torch.from_numpy(res)).numpy()
             w, b = tconv.weight.detach().numpy(), tconv.bias.detach().numpy()
             fused = FusedConv2d(w, b, (s, s), (p, p, p, p), act="relu")
-            y = fused(ember.from_numpy(x), residual=ember.from_numpy(res))
-            np.testing.assert_allclose(y.numpy(), ref, atol=1e-5)
+            assert (fused.packed is None) != microkernels
+            for _ in range(2):  # the second call reuses cached offsets and padded buffers
+                y = fused(ember.from_numpy(x), residual=ember.from_numpy(res))
+                np.testing.assert_allclose(y.numpy(), ref, atol=1e-5)
     finally:
         ember.set_num_threads(old)
 

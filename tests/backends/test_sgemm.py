@@ -1,0 +1,86 @@
+"""The packed-weight GEMM (LLVM microkernels + numba driver) against its numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember
+from ember.backends.cpu.kernels import sgemm as G
+from ember.models.fuse import window_offsets
+
+RNG = np.random.default_rng(1)
+NR = G.panel_width()
+
+
+def _conv_case(n, h, w, c, o, k, s, pad):
+    """A padded NHWC input and the offsets of a kxk / stride-s convolution over it."""
+    hp, wp = h + 2 * pad, w + 2 * pad
+    x = np.zeros((n, hp, wp, c), np.float32)
+    x[:, pad : pad + h, pad : pad + w] = RNG.standard_normal((n, h, w, c))
+    oh, ow = (hp - k) // s + 1, (wp - k) // s + 1
+    rowoff, tapoff = window_offsets(x.shape, (k, k), (s, s), oh, ow)
+    return x.reshape(-1), rowoff, tapoff, n * oh * ow
+
+
+def _check(a, rowoff, tapoff, kc, o, act, with_res, threads):
+    m = len(rowoff)
+    w2 = RNG.standard_normal((len(tapoff) * kc, o)).astype(np.float32)
+    bias = RNG.standard_normal(o).astype(np.float32)
+    res = RNG.standard_normal((m, o)).astype(np.float32) if with_res else None
+    ref = G.gemm_reference(a, rowoff, tapoff, kc, w2, bias, res, act, np.empty((m, o), np.float32))
+    old = ember.get_num_threads()
+    ember.set_num_threads(threads)
+    try:
+        out = np.full((m, o), np.nan, np.float32)
+        G.gemm(a, rowoff, tapoff, kc, G.pack_weight(w2, NR), bias, res, act, out)
+    finally:
+        ember.set_num_threads(old)
+    scale = np.abs(ref).max() if ref.size else 1.0
+    np.testing.assert_allclose(out, ref, atol=2e-6 * scale * np.sqrt(w2.shape[0]), rtol=1e-5)
+
+
+def test_microkernels_exist_on_this_cpu():
+    assert NR in (16, 32)  # AVX2+FMA or AVX-512: the CI machines have at least AVX2
+
+
+@pytest.mark.parametrize(
+    "n,h,w,c,o,k,s,pad",
+    [
+        (1, 9, 11, 16, 37, 3, 1, 1),  # partial last panel, every row remainder
+        (2, 7, 5, 24, 64, 3, 2, 1),  # stride 2 across two images
+        (1, 6, 6, 40, 100, 1, 1, 0),  # 1x1: one tap
+        (1, 9, 8, 20, 33, 1, 2, 0),  # strided 1x1 read in place
+        (1, 3, 3, 8, 300, 3, 1, 1),  # few pixels, many panels (panel split)
+        (3, 4, 5, 3, 8, 5, 1, 2),  # narrow output, 25 taps of 3 channels
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads):
+    a, rowoff, tapoff, _ = _conv_case(n, h, w, c, o, k, s, pad)
+    for act, with_res in ((0, False), (1, True), (2, False)):
+        _check(a, rowoff, tapoff, c, o, act, with_res, threads)
+
+
+@pytest.mark.parametrize("m,k,o", [(1, 7, 5), (13, 33, 65), (200, 4, 3), (0, 8, 8)])
+def test_linear_rows_match_reference(m, k, o):
+    a = RNG.standard_normal(m * k).astype(np.float32)
+    _check(a, np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64), k, o, 0, False, 2)
+
+
+def test_activations_keep_nan_like_torch():
+    a = np.array([np.nan, 1.0, -1.0, 7.0], np.float32)  # four rows of one feature
+    out = np.empty((4, 1), np.float32)
+    packed = G.pack_weight(np.ones((1, 1), np.float32), NR)
+    rows, tap, zero = np.arange(4, dtype=np.int64), np.zeros(1, np.int64), np.zeros(1, np.float32)
+    G.gemm(a, rows, tap, 1, packed, zero, None, 2, out)
+    assert np.isnan(out[0, 0]) and out[1:, 0].tolist() == [1.0, 0.0, 6.0]
+
+
+def test_pack_weight_layout():
+    w2 = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)
+    p = G.pack_weight(w2, 4)
+    assert p.shape == (2, 3, 4)
+    np.testing.assert_array_equal(p[0], w2[:, :4])
+    np.testing.assert_array_equal(p[1, :, 0], w2[:, 4])
+    assert not p[1, :, 1:].any()
