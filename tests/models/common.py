@@ -1,5 +1,7 @@
 """Shared checks for causal LMs against their transformers twins."""
 
+import tracemalloc
+
 import numpy as np
 import torch
 
@@ -50,3 +52,26 @@ def assert_left_padded_batch_matches(ref, model, prompts: list[list[int]], n: in
     batched = list(zip(*generate_tokens(model, prompts, n)))
     for i in range(len(prompts)):
         assert list(batched[i]) == out[i, width:].tolist()
+
+
+def assert_meta_forward(model_cls, config, vocab_size: int, batch: int = 2, seq: int = 4096):
+    """Built and run on the meta device, the model gives meta logits of the right shape and dtype
+    while allocating nothing of a weight's or an activation's size (real logits: 1.6 GB here)."""
+    with ember.device("meta"):
+        model = model_cls(config)
+        ids = ember.zeros(batch, seq, dtype=ember.int64)
+    assert all(p.device == "meta" for p in model.parameters())
+    with ember.no_grad():
+        model(ids[:, :3])  # first-use imports are not the forward's memory
+    tracemalloc.start()
+    try:
+        logits = model(ids)  # grad mode on: a plain call records the graph too
+        with ember.no_grad():
+            last = model(ids, attention_mask=np.ones((batch, seq), bool), logits_to_keep=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert logits.device == "meta" and last.device == "meta"
+    assert logits.shape == (batch, seq, vocab_size) and last.shape == (batch, 1, vocab_size)
+    assert logits.dtype == last.dtype == ember.float32
+    assert peak < 4 << 20, f"the meta forward traced {peak / 2**20:.1f} MiB"

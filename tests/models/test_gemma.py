@@ -13,6 +13,7 @@ from tests.models.common import (
     assert_greedy_matches,
     assert_left_padded_batch_matches,
     assert_logits_match,
+    assert_meta_forward,
 )
 
 BASE = dict(
@@ -119,3 +120,11 @@ def test_gemma_gguf_is_refused_not_misread(tmp_path):
     w.close()
     with pytest.raises(ember.errors.UnsupportedError, match="GGUF files of architecture 'gemma'"):
         AutoModelForCausalLM.from_pretrained(path)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_meta_device_forward(name):
+    cfg_cls, _, extra = VARIANTS[name]
+    big = {"vocab_size": 50000, "max_position_embeddings": 8192}
+    cfg = GemmaConfig.from_dict(cfg_cls(**{**BASE, **extra, **big}).to_dict())
+    assert_meta_forward(GemmaForCausalLM, cfg, 50000)

@@ -17,6 +17,7 @@ from tests.models.common import (
     assert_greedy_matches,
     assert_left_padded_batch_matches,
     assert_logits_match,
+    assert_meta_forward,
 )
 
 BASE = dict(
@@ -122,3 +123,11 @@ def test_config_names_and_context_limit(saved):
         model(ember.tensor([list(range(65))]))
     with pytest.raises(ember.errors.UnsupportedError, match="activation"):
         GPT2Config.from_dict({"activation_function": "tanh"})
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_meta_device_forward(name):
+    cfg = transformers.GPT2Config(
+        **{**BASE, **VARIANTS[name], "vocab_size": 50000, "n_positions": 8192}
+    )
+    assert_meta_forward(GPT2LMHeadModel, GPT2Config.from_dict(cfg.to_dict()), 50000)

@@ -8,7 +8,12 @@ import transformers
 import ember
 from ember.generation.generate import generate_tokens
 from ember.models import AutoModelForCausalLM
-from tests.models.common import assert_greedy_matches, assert_logits_match
+from ember.models.llama import LlamaConfig, LlamaForCausalLM
+from tests.models.common import (
+    assert_greedy_matches,
+    assert_logits_match,
+    assert_meta_forward,
+)
 
 BASE = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -83,3 +88,11 @@ def test_quantize_at_load_keeps_greedy_tokens_close(tmp_path):
     with ember.no_grad():
         a, b = dense(ids).numpy(), q8(ids).numpy()
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_meta_device_forward(name):
+    cfg_cls, _, extra = VARIANTS[name]
+    big = {"vocab_size": 50000, "max_position_embeddings": 8192}
+    cfg = LlamaConfig.from_dict(cfg_cls(**{**BASE, **extra, **big}).to_dict())
+    assert_meta_forward(LlamaForCausalLM, cfg, 50000)

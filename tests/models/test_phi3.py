@@ -12,6 +12,7 @@ from tests.models.common import (
     assert_greedy_matches,
     assert_left_padded_batch_matches,
     assert_logits_match,
+    assert_meta_forward,
 )
 
 BASE = dict(
@@ -102,3 +103,10 @@ def test_config_layouts():
     }
     with pytest.raises(ember.errors.UnsupportedError, match="short_factor must list 8"):
         Phi3ForCausalLM(Phi3Config.from_dict(bad))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_meta_device_forward(name):
+    big = {"vocab_size": 50000, "max_position_embeddings": 8192}
+    cfg = transformers.Phi3Config(**{**BASE, **VARIANTS[name], **big})
+    assert_meta_forward(Phi3ForCausalLM, Phi3Config.from_dict(cfg.to_dict()), 50000)

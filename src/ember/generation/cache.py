@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from ember.autograd import is_grad_enabled
-from ember.device import CPU
+from ember.autograd import is_grad_enabled, meta_array
+from ember.device import CPU, META, Device
 from ember.errors import ShapeError
 from ember.tensor import Tensor
 
@@ -85,8 +85,16 @@ class CausalMask:
     that would see nothing (a padding row) sees every slot instead, so its output stays finite.
     """
 
-    def __init__(self, t: int, past: int, pad: np.ndarray | None = None, window: int | None = None):
+    def __init__(
+        self,
+        t: int,
+        past: int,
+        pad: np.ndarray | None = None,
+        window: int | None = None,
+        device: Device = CPU,
+    ):
         self.t, self.past, self.pad, self.window = t, past, pad, window
+        self.device = device  # on the meta device the dense mask has a shape and no values
         self._dense: Tensor | None | bool = False
 
     def dense(self) -> Tensor | None:
@@ -100,6 +108,8 @@ class CausalMask:
         s = past + t
         if t == 1 and pad is None and (window is None or s <= window):
             return None
+        if self.device is META:
+            return Tensor._wrap(meta_array((1 if pad is None else len(pad), 1, t, s), bool), META)
         qpos = np.arange(past, s)[:, None]
         kpos = np.arange(s)[None, :]
         allowed = kpos <= qpos

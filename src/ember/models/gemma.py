@@ -27,7 +27,7 @@ from ember import nn
 from ember.errors import UnsupportedError
 from ember.models.llama import causal_mask
 from ember.nn import functional as F
-from ember.ops.rope import apply_rotary, rope_cos_sin, rope_inv_freq
+from ember.ops.rope import apply_rotary, rope_inv_freq, rope_tables
 
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
@@ -282,18 +282,17 @@ class GemmaForCausalLM(nn.Module):
             pos = np.maximum(np.cumsum(pad, axis=1) - 1, 0)[:, past : past + t]
         else:
             pos = np.broadcast_to(np.arange(past, past + t), (b, t))
-        cos, sin = rope_cos_sin(self._inv_freq, pos[:, None, :], np.float32)
-        cos, sin = ember.from_numpy(cos), ember.from_numpy(sin)
-        full = causal_mask(t, past, pad, None)
+        cos, sin = rope_tables(self._inv_freq, pos[:, None, :], np.float32, device=ids._device)
+        full = causal_mask(t, past, pad, None, ids._device)
         window = self.config.sliding_window
         local = (
-            causal_mask(t, past, pad, window)
+            causal_mask(t, past, pad, window, ids._device)
             if "sliding_attention" in self.config.layer_types
             else None
         )
         x = self.model.embed_tokens(ids)
         # the scale is rounded to the embedding dtype first, as transformers does (bf16: 55.5)
-        x = x * ember.tensor(self._embed_scale, dtype=x.dtype)
+        x = x * ember.tensor(self._embed_scale, dtype=x.dtype, device=x.device)
         for layer in self.model.layers:
             x = layer(x, cos, sin, local if layer.self_attn.sliding else full, cache)
         if cache is not None:

@@ -234,9 +234,10 @@ class GPT2LMHeadModel(nn.Module):
                 f"GPT-2 position {int(pos.max())} is past its "
                 f"{self.config.n_positions} learned positions"
             )
-        mask = causal_mask(t, past, pad, None)
+        mask = causal_mask(t, past, pad, None, ids._device)
         tr = self.transformer
-        x = tr.wte(ids) + tr.wpe(ember.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)))
+        pos_ids = ember.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(ids._device)
+        x = tr.wte(ids) + tr.wpe(pos_ids)
         for block in tr.h:
             x = block(x, mask, cache)
         if cache is not None:

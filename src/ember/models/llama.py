@@ -21,11 +21,11 @@ import numpy as np
 
 import ember
 from ember import nn
-from ember.autograd import Function, elementwise_meta
-from ember.device import CPU
+from ember.autograd import Function
+from ember.device import CPU, Device
 from ember.generation.cache import CausalMask, cached_attention
 from ember.nn import functional as F
-from ember.ops.rope import apply_rotary_qk, rope_cos_sin, rope_inv_freq
+from ember.ops.rope import apply_rotary_qk, rope_inv_freq, rope_tables
 from ember.quant import QTensor
 
 
@@ -207,9 +207,9 @@ class LlamaForCausalLM(nn.Module):
         else:
             pos = position_ids._data if isinstance(position_ids, ember.Tensor) else position_ids
             pos = np.broadcast_to(np.asarray(pos).reshape(-1, t), (b, t))
-        cos, sin = rope_cos_sin(self._inv_freq, pos[:, :, None], np.float32)  # (b, t, 1, d/2)
-        cos, sin = ember.from_numpy(cos), ember.from_numpy(sin)
-        mask = CausalMask(t, past, pad, self.config.sliding_window)
+        # (b, t, 1, d/2), on the ids' device (meta: shapes only)
+        cos, sin = rope_tables(self._inv_freq, pos[:, :, None], np.float32, device=ids._device)
+        mask = CausalMask(t, past, pad, self.config.sliding_window, ids._device)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache)
@@ -225,9 +225,11 @@ class LlamaForCausalLM(nn.Module):
         return self.config.num_key_value_heads
 
 
-def causal_mask(t: int, past: int, pad: np.ndarray | None, window: int | None):
+def causal_mask(
+    t: int, past: int, pad: np.ndarray | None, window: int | None, device: Device = CPU
+):
     """Boolean (batch|1, 1, t, past + t) mask of allowed positions, or None when all are allowed."""
-    return CausalMask(t, past, pad, window).dense()
+    return CausalMask(t, past, pad, window, device).dense()
 
 
 # --- fused inference helpers used above --------------------------------------------------------
@@ -293,7 +295,9 @@ class LinearGroup:
 class SiluMul(Function):
     """silu(g) * u (SwiGLU's gate) in one pass; backward in closed form."""
 
-    meta = elementwise_meta
+    def meta(self, g, u):
+        """The broadcast shape and g's dtype, without loading the numba kernel."""
+        return np.broadcast_shapes(g.shape, u.shape), np.result_type(g.dtype, u.dtype)
 
     def forward(self, g, u):
         self.g, self.u = g, u

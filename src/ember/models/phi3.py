@@ -26,7 +26,7 @@ from ember import nn
 from ember.errors import UnsupportedError
 from ember.models.llama import causal_mask
 from ember.nn import functional as F
-from ember.ops.rope import apply_rotary, rope_cos_sin, rope_inv_freq
+from ember.ops.rope import apply_rotary, rope_inv_freq, rope_tables
 
 
 @dataclass
@@ -241,9 +241,8 @@ class Phi3ForCausalLM(nn.Module):
             and pos.max() + 1 > self.config.original_max_position_embeddings
         ):
             inv = self._long_inv_freq
-        cos, sin = rope_cos_sin(inv, pos[:, None, :], np.float32, self._attn_factor)
-        cos, sin = ember.from_numpy(cos), ember.from_numpy(sin)
-        mask = causal_mask(t, past, pad, self.config.sliding_window)
+        cos, sin = rope_tables(inv, pos[:, None, :], np.float32, self._attn_factor, ids._device)
+        mask = causal_mask(t, past, pad, self.config.sliding_window, ids._device)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache)

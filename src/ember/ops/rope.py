@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from ember.autograd import Function, is_grad_enabled
-from ember.device import CPU
+from ember.autograd import Function, is_grad_enabled, meta_array
+from ember.device import CPU, META, Device
 from ember.errors import ShapeError
 from ember.tensor import Tensor
 
@@ -61,6 +61,21 @@ def rope_cos_sin(
     )
 
 
+def rope_tables(
+    inv_freq: np.ndarray,
+    positions: np.ndarray,
+    dtype=np.float32,
+    attention_factor: float = 1.0,
+    device: Device = CPU,
+) -> tuple[Tensor, Tensor]:
+    """``rope_cos_sin`` as tensors on ``device``; on the meta device only their shape and dtype."""
+    if device is META:
+        table = meta_array(np.shape(positions) + (len(inv_freq),), dtype)
+        return Tensor._wrap(table, META), Tensor._wrap(table, META)
+    cos, sin = rope_cos_sin(inv_freq, positions, dtype, attention_factor)
+    return Tensor._wrap(cos, device), Tensor._wrap(sin, device)
+
+
 def _rotate(
     x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, sign: float
 ) -> np.ndarray:
@@ -82,6 +97,11 @@ def _rotate(
 
 class Rotary(Function):
     """Rotate pairs of features by position-dependent angles; backward rotates back."""
+
+    def meta(self, x, cos, sin, interleaved):
+        """x's shape and dtype, without the work (and the x-sized scratch) of a rotation."""
+        np.broadcast_shapes(x.shape[:-1], cos.shape[:-1], sin.shape[:-1])  # ValueError: ShapeError
+        return x.shape, x.dtype
 
     def forward(self, x, cos, sin, interleaved):
         self.cos, self.sin, self.interleaved = cos, sin, interleaved
@@ -144,5 +164,5 @@ def _inference_f32(*ts: Tensor) -> bool:
     return not any(t.requires_grad for t in ts)
 
 
-__all__ = ["apply_rotary", "apply_rotary_qk", "rope_inv_freq", "rope_cos_sin"]
+__all__ = ["apply_rotary", "apply_rotary_qk", "rope_inv_freq", "rope_cos_sin", "rope_tables"]
 METHODS: dict = {}
