@@ -67,7 +67,22 @@ def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
 
 
 ROW_BLOCK_PIXELS = 256  # depthwise/pool tasks: ~256 output pixels each
-IM2COL_BELOW_CHANNELS = 16  # kxk convs with fewer input channels run on im2col rows
+WINDOW_ROWS_BELOW_CHANNELS = 16
+
+
+def _window_rows(xp: np.ndarray, kw: int, sw: int, ow: int) -> np.ndarray:
+    """(N, Hp, Wp, C) -> (N, Hp, OW, kw*C): each output column's window row, contiguous.
+
+    With few channels a tap is only C floats of GEMM depth; on these rows a kxk conv becomes a
+    kx1 one whose taps are kw*C deep (an im2col along the width only: kw times the input, not
+    kh*kw times).
+    """
+    n, hp, wp, c = xp.shape
+    s = xp.strides
+    v = np.lib.stride_tricks.as_strided(xp, (n, hp, ow, kw * c), (s[0], s[1], sw * s[2], s[3]))
+    out = _buffer(("rows", *v.shape), v.shape)
+    np.copyto(out, v)
+    return out
 
 
 def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
@@ -183,22 +198,15 @@ class FusedConv2d(nn.Module):
                 cols = K.im2col(a, np.empty((m, kk), _F32), kh, kw, sh, sw, pt, pl, oh, ow)
             K.epilogue(np.matmul(cols, self.w_np, out=y), self.bias_np, res, self._act)
             return channels_last(out)
-        if c < IM2COL_BELOW_CHANNELS and kh * kw > 1:  # few channels per tap (the RGB stem)
-            src = _buffer(("cols", m, kk), (m, kk))
-            bounds = _row_blocks(n * oh, ow, pool.n)
-            geom = kh, kw, sh, sw, pt, pl, oh, ow
-            pool.run(
-                lambda i: K.im2col(a, src[bounds[i] * ow :], *geom, bounds[i], bounds[i + 1]),
-                len(bounds) - 1,
-            )
-            key = ("cols", m)
-            make = lambda: (np.arange(m, dtype=np.int64) * kk, np.zeros(1, np.int64))  # noqa: E731
-        else:  # the GEMM reads the (padded) input in place
-            src = _padded(a, pt, pb, pl, pr) if (pt or pb or pl or pr) else a
-            key = (n, h, w)
-            make = lambda: window_offsets(src.shape, (kh, kw), (sh, sw), oh, ow)  # noqa: E731
+        src = _padded(a, pt, pb, pl, pr) if (pt or pb or pl or pr) else a
+        if c < WINDOW_ROWS_BELOW_CHANNELS and kw > 1:  # few channels (the RGB stem): see below
+            src = _window_rows(src, kw, sw, ow)
+            key, geom = ("rows", n, h, w), ((kh, 1), (sh, 1))
+        else:  # the GEMM reads the (padded) input in place, tap by tap
+            key, geom = (n, h, w), ((kh, kw), (sh, sw))
+        make = lambda: window_offsets(src.shape, *geom, oh, ow)  # noqa: E731
         rowoff, tapoff = self._geom.get(key) or self._geom.setdefault(key, make())
-        kc = kk if len(tapoff) == 1 else c
+        kc = kk // len(tapoff)
         G.gemm(src.reshape(-1), rowoff, tapoff, kc, self.packed, self.bias_np, res, self._act, y)
         return channels_last(out)
 

@@ -78,7 +78,7 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     acc = [(r, v) for r in rows for v in vecs]
     s = [
         f"define void @ember_sgemm_{mr}(i64 %ai, i64 %roi, i64 %toi, i64 %ntaps, i64 %kc,"
-        " i64 %bi, i64 %ci, i64 %ldc, i64 %ncols, i64 %biasi, i64 %resi, i64 %hasres,"
+        " i64 %bi, i64 %ci, i64 %ldc, i64 %ncols, i64 %biasi, i64 %resi, i64 %flags,"
         " float %lof, float %hif) #0 {",
         "entry:",
         "  %a = inttoptr i64 %ai to ptr",
@@ -123,9 +123,11 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     s += ["  br i1 %kc1, label %k, label %tapend", "tapend:"]
     s += ["  %t1 = add i64 %t, 1", "  %tc = icmp ult i64 %t1, %ntaps"]
     s += ["  br i1 %tc, label %tap, label %store", "store:"]
-    # epilogue: + bias, + residual (masked off when absent), clamp to [lo, hi] (NaN kept),
-    # masked store (the last panel is partial)
-    s += ["  %nc = trunc i64 %ncols to i32", "  %hr = icmp ne i64 %hasres, 0"]
+    # store: + C (flags & 1: accumulate onto an earlier block of K), + bias (flags & 2), +
+    # residual (flags & 4), clamp to [lo, hi] (NaN kept); masked (the last panel is partial)
+    s += ["  %nc = trunc i64 %ncols to i32"]
+    for bit, name in ((1, "fa"), (2, "fb"), (4, "fr")):
+        s += [f"  %{name}b = and i64 %flags, {bit}", f"  %{name} = icmp ne i64 %{name}b, 0"]
     s += ["  %bias = inttoptr i64 %biasi to ptr", "  %res = inttoptr i64 %resi to ptr"]
     s += [f"  %lo = insertelement {vt} poison, float %lof, i32 0"]
     s += [f"  %lov = shufflevector {vt} %lo, {vt} poison, <{w} x i32> zeroinitializer"]
@@ -140,10 +142,11 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
             f" <{w} x i32> zeroinitializer"
         ]
         s += [f"  %m{v} = icmp slt <{w} x i32> <{iota}>, %ls{v}"]
-        s += [f"  %mr{v} = select i1 %hr, <{w} x i1> %m{v}, <{w} x i1> zeroinitializer"]
+        for name in ("fa", "fb", "fr"):
+            s += [f"  %{name}{v} = select i1 %{name}, <{w} x i1> %m{v}, <{w} x i1> zeroinitializer"]
         s += [f"  %bsp{v} = getelementptr float, ptr %bias, i64 {v * w}"]
         s += [f"  %bs{v} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %bsp{v}, i32 4,"]
-        s[-1] += f" <{w} x i1> %m{v}, {vt} zeroinitializer)"
+        s[-1] += f" <{w} x i1> %fb{v}, {vt} zeroinitializer)"
     for r in rows:
         s += [
             f"  %co{r} = mul i64 %ldc, {r}",
@@ -157,13 +160,16 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
             x = f"{r}_{v}"
             s += [f"  %ep{x} = getelementptr float, ptr %er{r}, i64 {v * w}"]
             s += [f"  %e{x} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %ep{x}, i32 4,"]
-            s[-1] += f" <{w} x i1> %mr{v}, {vt} zeroinitializer)"
-            s += [f"  %y{x} = fadd {vt} %N{x}, %bs{v}", f"  %z{x} = fadd {vt} %y{x}, %e{x}"]
+            s[-1] += f" <{w} x i1> %fr{v}, {vt} zeroinitializer)"
+            s += [f"  %cp{x} = getelementptr float, ptr %cr{r}, i64 {v * w}"]
+            s += [f"  %c{x} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %cp{x}, i32 4,"]
+            s[-1] += f" <{w} x i1> %fa{v}, {vt} zeroinitializer)"
+            s += [f"  %x{x} = fadd {vt} %N{x}, %c{x}", f"  %y{x} = fadd {vt} %x{x}, %bs{v}"]
+            s += [f"  %z{x} = fadd {vt} %y{x}, %e{x}"]
             s += [f"  %ql{x} = fcmp olt {vt} %z{x}, %lov"]
             s += [f"  %u{x} = select <{w} x i1> %ql{x}, {vt} %lov, {vt} %z{x}"]
             s += [f"  %qh{x} = fcmp ogt {vt} %u{x}, %hiv"]
             s += [f"  %f{x} = select <{w} x i1> %qh{x}, {vt} %hiv, {vt} %u{x}"]
-            s += [f"  %cp{x} = getelementptr float, ptr %cr{r}, i64 {v * w}"]
             s += [
                 f"  call void @llvm.masked.store.v{w}f32.p0({vt} %f{x}, ptr %cp{x},"
                 f" i32 4, <{w} x i1> %m{v})"
@@ -235,32 +241,54 @@ def _micro_py(m, args):  # pragma: no cover - compiled
 
 
 def _driver_py(
-    a, rowoff, tapoff, kc, bp, bias, res, has_res, act, out, mr, tasks_m, tasks_p, chunk
+    a, rowoff, tapoff, kc, bp, bias, res, has_res, act, out, mr, tasks_m, tasks_p, chunk, kblock
 ):  # noqa: E501  # pragma: no cover - compiled
-    """Tasks = blocks of pixels x groups of panels; in each, chunks of pixels x panels x tiles."""
+    """Tasks (pixel blocks x panel groups) -> pixel chunks -> panels -> blocks of K -> tiles.
+
+    A block of K is a run of whole taps (at most kblock channels in all) or a slice of one
+    tap's channels: the panel's rows for it stay in L1 while every tile of the chunk uses them,
+    and the weight streams from memory once per chunk. Tiles accumulate across blocks; the last
+    block applies bias, residual and activation.
+    """
     m_total, o = out.shape
     panels, kk, nr = bp.shape
+    nt = tapoff.shape[0]
     tiles = (m_total + mr - 1) // mr
     aa, ra, ta = a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data
     ba, oa, bsa, rsa = bp.ctypes.data, out.ctypes.data, bias.ctypes.data, res.ctypes.data
-    nt = tapoff.shape[0]
-    lo = np.float32(-np.inf if act == 0 else 0.0)
-    hi = np.float32(6.0 if act == 2 else np.inf)
+    g = max(1, kblock // kc)  # taps per block, or
+    ncs = 1 if kc <= kblock else (kc + kblock - 1) // kblock  # channel slices per tap
+    nkb = (nt + g - 1) // g if ncs == 1 else nt * ncs
+    lo_act = np.float32(-np.inf if act == 0 else 0.0)
+    hi_act = np.float32(6.0 if act == 2 else np.inf)
+    last_flags = 6 if has_res else 2
     for task in prange(tasks_m * tasks_p):
         tm, tp = task // tasks_p, task % tasks_p
         m0 = min(m_total, (tiles * tm // tasks_m) * mr)
         m1 = min(m_total, (tiles * (tm + 1) // tasks_m) * mr)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
-        for c0 in range(m0, m1, chunk):
-            c1 = min(c0 + chunk, m1)
+        for q0 in range(m0, m1, chunk):
+            q1 = min(q0 + chunk, m1)
             for j in range(j0, j1):
                 n0 = j * nr
                 nc = min(nr, o - n0)
-                bj = ba + j * kk * nr * 4
-                for p in range(c0, c1, mr):
-                    off = (p * o + n0) * 4
-                    args = (aa, ra + p * 8, ta, nt, kc, bj, oa + off, o, nc)
-                    _micro(min(mr, c1 - p), args + (bsa + n0 * 4, rsa + off, has_res, lo, hi))
+                for kb in range(nkb):
+                    if ncs == 1:
+                        t0, c0, c1 = kb * g, 0, kc
+                        t1 = min(nt, t0 + g)
+                    else:
+                        t0, s = kb // ncs, kb % ncs
+                        t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
+                    last = kb == nkb - 1
+                    flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
+                    lo = lo_act if last else np.float32(-np.inf)
+                    hi = hi_act if last else np.float32(np.inf)
+                    bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
+                    for p in range(q0, q1, mr):
+                        off = (p * o + n0) * 4
+                        args = (aa + c0 * 4, ra + p * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
+                        args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
+                        _micro(min(mr, q1 - p), args + args2)
 
 
 def _build_driver(nb):
@@ -299,6 +327,7 @@ def panel_width() -> int | None:
 
 
 CHUNK_PIXELS = 512  # a task's pixels are swept in chunks whose input stays in L2 across panels
+K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
 
 def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out) -> np.ndarray:
@@ -322,6 +351,6 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out) -> np.ndarray:
         tasks_m = max(1, threads // tasks_p)
     st["driver"](
         a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None), act,
-        out, mr, tasks_m, tasks_p, CHUNK_PIXELS,
+        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, K_BLOCK,
     )  # fmt: skip
     return out
