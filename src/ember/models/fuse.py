@@ -17,9 +17,8 @@ What it does:
   kxk convolution reads its (zero-padded) input in place, each tap a fixed offset from the output
   pixel's window (no im2col), and bias, residual and activation are applied as each output tile
   is stored. Only convs with few input channels (the RGB stem) go through an im2col buffer.
-  Depthwise convolutions and max pooling are numba kernels (kernels.conv_nhwc) run in row blocks
-  on the threads of ember.models._workers. Without numba or AVX2 the GEMMs fall back to im2col
-  + numpy's BLAS.
+  Depthwise convolutions and max pooling are numba kernels (kernels.conv_nhwc) parallel over
+  output rows. Without numba or AVX2 the GEMMs fall back to im2col + numpy's BLAS.
 - Float32 inference only: the fused model records no autograd graph (it is not for training).
 
 The rewrite walks the module tree: a module with ``fuse_for_inference()`` is replaced by what that
@@ -39,8 +38,8 @@ from ember import nn
 from ember.autograd import no_grad
 from ember.backends.cpu.kernels import conv_nhwc as K
 from ember.backends.cpu.kernels import sgemm as G
+from ember.backends.cpu.kernels.tiles import blas_single_thread
 from ember.errors import UnsupportedError
-from ember.models._workers import blas_single_thread, get_pool
 from ember.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
@@ -66,7 +65,6 @@ def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
     return buf
 
 
-ROW_BLOCK_PIXELS = 256  # depthwise/pool tasks: ~256 output pixels each
 WINDOW_ROWS_BELOW_CHANNELS = 16
 
 
@@ -83,19 +81,6 @@ def _window_rows(xp: np.ndarray, kw: int, sw: int, ow: int) -> np.ndarray:
     out = _buffer(("rows", *v.shape), v.shape)
     np.copyto(out, v)
     return out
-
-
-def _row_blocks(rows: int, ow: int, threads: int) -> list[int]:
-    """Boundaries of near-equal blocks of output rows, ~ROW_BLOCK_PIXELS pixels each.
-
-    The block count is rounded up to a multiple of the thread count, so threads finish together.
-    """
-    if rows * ow == 0:
-        return [0]
-    nblocks = max(1, -(-rows * ow // ROW_BLOCK_PIXELS))
-    if threads > 1:
-        nblocks = min(rows, -(-nblocks // threads) * threads)
-    return [(i * rows) // nblocks for i in range(nblocks)] + [rows]
 
 
 def window_offsets(shape, kernel, stride, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,9 +170,8 @@ class FusedConv2d(nn.Module):
         o, m = self.out_channels, n * oh * ow
         out = np.empty((n, oh, ow, o), _F32)
         res = None if residual is None else nhwc(residual).reshape(m, o)
-        pool = get_pool()
         if self.depthwise:
-            self._depthwise(a, out, res, pool, (sh, sw, pt, pl))
+            self._depthwise(a, out, res, (sh, sw, pt, pl))
             return channels_last(out)
         y = out.reshape(m, o)
         kk = self.w_np.shape[0]
@@ -210,21 +194,13 @@ class FusedConv2d(nn.Module):
         G.gemm(src.reshape(-1), rowoff, tapoff, kc, self.packed, self.bias_np, res, self._act, y)
         return channels_last(out)
 
-    def _depthwise(self, a, out, res, pool, geom) -> None:
-        n, oh, ow, o = out.shape
+    def _depthwise(self, a, out, res, geom) -> None:
         sh, sw, pt, pl = geom
-        bounds = _row_blocks(n * oh, ow, pool.n)
         act = self._act if res is None else 0
-        zero = np.zeros(o, _F32) if res is not None else None
-
-        def task(i: int) -> None:
-            r0, r1 = bounds[i], bounds[i + 1]
-            K.depthwise(a, self.w_np, self.bias_np, out, sh, sw, pt, pl, act, r0, r1)
-            if res is not None:
-                rows = out.reshape(-1, o)[r0 * ow : r1 * ow]
-                K.epilogue(rows, zero, res[r0 * ow : r1 * ow], self._act)
-
-        pool.run(task, len(bounds) - 1)
+        K.depthwise(a, self.w_np, self.bias_np, out, sh, sw, pt, pl, act)
+        if res is not None:
+            o = out.shape[3]
+            K.epilogue(out.reshape(-1, o), np.zeros(o, _F32), res, self._act)
 
     def extra_repr(self) -> str:
         """Channels, kernel, stride, padding, activation."""
@@ -290,15 +266,6 @@ class FusedResidual(nn.Module):
         return self.last(self.body(x), residual=identity)
 
 
-class FusedSequential(nn.Sequential):
-    """A Sequential of fused stages; BLAS stays on one thread for the whole pass (no toggling)."""
-
-    def forward(self, x):
-        """The stages in order, with numpy's BLAS set to one thread once."""
-        with blas_single_thread():
-            return super().forward(x)
-
-
 class MaxPool2dNHWC(nn.Module):
     """MaxPool2d over channels-last data (no dilation, no ceil_mode)."""
 
@@ -314,12 +281,7 @@ class MaxPool2dNHWC(nn.Module):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
         out = np.empty((n, oh, ow, c), _F32)
-        bounds = _row_blocks(n * oh, ow, get_pool().n)
-
-        def task(i: int) -> None:
-            K.maxpool(a, out, kh, kw, sh, sw, ph, pw, bounds[i], bounds[i + 1])
-
-        get_pool().run(task, len(bounds) - 1)
+        K.maxpool(a, out, kh, kw, sh, sw, ph, pw)
         return channels_last(out)
 
 

@@ -81,14 +81,14 @@ class MBConvBlock(nn.Module):
 
     def fuse_for_inference(self) -> nn.Module:
         """BatchNorms folded, ReLU6 fused, the skip add fused into the projection."""
-        from ember.models.fuse import FusedResidual, FusedSequential, fuse_conv_bn
+        from ember.models.fuse import FusedResidual, fuse_conv_bn
 
         convs = []
         if self.expand != 1:
             convs.append(fuse_conv_bn(self._expand_conv, self._bn0, "relu6"))
         convs.append(fuse_conv_bn(self._depthwise_conv, self._bn1, "relu6"))
         convs.append(fuse_conv_bn(self._project_conv, self._bn2))
-        return FusedResidual(convs, None, None) if self.id_skip else FusedSequential(*convs)
+        return FusedResidual(convs, None, None) if self.id_skip else nn.Sequential(*convs)
 
 
 class EfficientNetLite(nn.Module):
@@ -124,9 +124,9 @@ class EfficientNetLite(nn.Module):
 
     def fuse_for_inference(self) -> nn.Module:
         """One fused channels-last pipeline."""
-        from ember.models.fuse import FusedLinear, FusedSequential, GlobalAvgPool2d, fuse_conv_bn
+        from ember.models.fuse import FusedLinear, GlobalAvgPool2d, fuse_conv_bn
 
-        return FusedSequential(
+        return nn.Sequential(
             fuse_conv_bn(self._conv_stem, self._bn0, "relu6"),
             *[b.fuse_for_inference() for b in self._blocks],
             fuse_conv_bn(self._conv_head, self._bn1, "relu6"),

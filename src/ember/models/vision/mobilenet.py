@@ -55,14 +55,14 @@ class InvertedResidual(nn.Module):
 
     def fuse_for_inference(self) -> nn.Module:
         """BatchNorms folded; the residual add fused into the projection's epilogue."""
-        from ember.models.fuse import FusedResidual, FusedSequential, fuse_conv_bn
+        from ember.models.fuse import FusedResidual, fuse_conv_bn
 
         mods = list(self.conv)
         convs = [fuse_conv_bn(s[0], s[1], "relu6") for s in mods[:-2]]
         convs.append(fuse_conv_bn(mods[-2], mods[-1]))
         if self.use_res_connect:
             return FusedResidual(convs, None, None)
-        return FusedSequential(*convs)
+        return nn.Sequential(*convs)
 
 
 class MobileNetV2(nn.Module):
@@ -99,11 +99,11 @@ class MobileNetV2(nn.Module):
 
     def fuse_for_inference(self) -> nn.Module:
         """Fused features, channels-last global pool, classifier."""
-        from ember.models.fuse import FusedSequential, GlobalAvgPool2d, optimize_for_inference
+        from ember.models.fuse import GlobalAvgPool2d, optimize_for_inference
 
         feats = optimize_for_inference(self.features, inplace=True)
         head = optimize_for_inference(self.classifier, inplace=True)
-        return FusedSequential(feats, GlobalAvgPool2d(), nn.Flatten(1), head)
+        return nn.Sequential(feats, GlobalAvgPool2d(), nn.Flatten(1), head)
 
     @classmethod
     def from_pretrained(cls, path, optimize: bool = True) -> nn.Module:

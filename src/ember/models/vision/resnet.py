@@ -160,12 +160,12 @@ class ResNet(nn.Module):
 
     def fuse_for_inference(self) -> nn.Module:
         """The whole net as one fused pipeline (stem conv+bn+relu folded, blocks fused)."""
-        from ember.models.fuse import FusedSequential, fuse_conv_bn, optimize_for_inference
+        from ember.models.fuse import fuse_conv_bn, optimize_for_inference
 
         stem = fuse_conv_bn(self.conv1, self.bn1, "relu")
         body = [optimize_for_inference(m, True) for m in (self.maxpool, *self._stages())]
         head = optimize_for_inference(nn.Sequential(self.avgpool, nn.Flatten(1), self.fc), True)
-        return FusedSequential(stem, *body, head)
+        return nn.Sequential(stem, *body, head)
 
     def _stages(self) -> list[nn.Module]:
         return [self.layer1, self.layer2, self.layer3, self.layer4]

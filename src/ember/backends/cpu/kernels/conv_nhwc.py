@@ -5,9 +5,8 @@ These serve ember.models.fuse: with activations stored NHWC, a kxk convolution i
 a 1x1 convolution is the GEMM alone. The epilogue adds the folded-BatchNorm bias, an optional
 residual and the activation in one pass over the GEMM output.
 
-The kernels are serial and release the GIL (nogil): ember.models.fuse splits a layer into blocks
-of output rows ``[r0, r1)`` (r = image * OH + output row) and runs the blocks on its worker threads,
-so BLAS and these kernels share one thread pool. Every numba kernel has a numpy reference beside
+The kernels release the GIL (nogil) and work on output rows ``[r0, r1)`` (r = image * OH +
+output row); depthwise and max pooling spread those rows over numba's threads. Every numba kernel has a numpy reference beside
 it (same name + ``_reference``) that tests compare against and that serves when numba is absent
 (EMBER_NO_NUMBA=1). Activations: 0 none, 1 ReLU, 2 ReLU6. float32 only.
 """
@@ -150,12 +149,12 @@ def _build(nb):
                     row[t] = min(max(row[t], 0.0), 6.0)
         return y
 
-    @nb.njit(**opts)
+    @nb.njit(parallel=True, **opts)
     def depthwise(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover - compiled
         n, h, wd, c = x.shape
         kh, kw = w.shape[0], w.shape[1]
         oh, ow = out.shape[1], out.shape[2]
-        for r in range(r0, r1):
+        for r in nb.prange(r0, r1):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
@@ -182,11 +181,11 @@ def _build(nb):
                         acc[t] = min(max(acc[t], 0.0), 6.0)
         return out
 
-    @nb.njit(**opts)
+    @nb.njit(parallel=True, **opts)
     def maxpool(x, out, kh, kw, sh, sw, pt, pl, r0, r1):  # pragma: no cover - compiled
         n, h, w, c = x.shape
         oh, ow = out.shape[1], out.shape[2]
-        for r in range(r0, r1):
+        for r in nb.prange(r0, r1):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):

@@ -35,7 +35,7 @@ import numpy as np
 from ember.backends.cpu.kernels import numba_or_none
 
 _STATE: dict = {}
-MR_MAX = 8  # microkernels are built for 1..MR_MAX rows; the ISA's MR may be smaller
+MR_MAX = 12  # microkernels are built for 1..MR_MAX rows; the ISA's MR may be smaller
 
 
 # ------------------------------------------------------------------ numpy reference
@@ -65,7 +65,7 @@ def pack_weight(w2: np.ndarray, nr: int) -> np.ndarray:
 def _isa(features: dict) -> tuple[int, int, int] | None:
     """(vector width W, vectors per row NV, rows MR) for the host, or None (use the reference)."""
     if features.get("avx512f") and features.get("avx512vl"):
-        return 16, 2, 8
+        return 16, 2, 12
     if features.get("avx2") and features.get("fma"):
         return 8, 2, 6
     return None
@@ -79,8 +79,20 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     s = [
         f"define void @ember_sgemm_{mr}(i64 %ai, i64 %roi, i64 %toi, i64 %ntaps, i64 %kc,"
         " i64 %bi, i64 %ci, i64 %ldc, i64 %ncols, i64 %biasi, i64 %resi, i64 %flags,"
-        " float %lof, float %hif) #0 {",
+        " float %lof, float %hif, i64 %pfi, i64 %npf) #0 {",
         "entry:",
+        "  %pf0 = inttoptr i64 %pfi to ptr",
+        "  %pfz = icmp eq i64 %npf, 0",
+        "  br i1 %pfz, label %start, label %pf",
+        "pf:",  # prefetch npf cache lines at pf into L2: the next block of B, a slice per tile
+        "  %pn = phi i64 [0, %entry], [%pn1, %pf]",
+        "  %pfo = shl i64 %pn, 6",
+        "  %pfp = getelementptr i8, ptr %pf0, i64 %pfo",
+        "  call void @llvm.prefetch.p0(ptr %pfp, i32 0, i32 2, i32 1)",
+        "  %pn1 = add i64 %pn, 1",
+        "  %pfc = icmp ult i64 %pn1, %npf",
+        "  br i1 %pfc, label %pf, label %start",
+        "start:",
         "  %a = inttoptr i64 %ai to ptr",
         "  %ro = inttoptr i64 %roi to ptr",
         "  %to = inttoptr i64 %toi to ptr",
@@ -91,10 +103,10 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
         s += [f"  %rp{r} = getelementptr i64, ptr %ro, i64 {r}", f"  %ro{r} = load i64, ptr %rp{r}"]
     s += ["  br label %tap", "tap:"]  # loop over taps: row pointers move by tapoff[t]
     s += [
-        "  %t = phi i64 [0, %entry], [%t1, %tapend]",
-        "  %bt = phi ptr [%b, %entry], [%bn, %tapend]",
+        "  %t = phi i64 [0, %start], [%t1, %tapend]",
+        "  %bt = phi ptr [%b, %start], [%bn, %tapend]",
     ]
-    s += [f"  %T{r}_{v} = phi {vt} [zeroinitializer, %entry], [%N{r}_{v}, %tapend]" for r, v in acc]
+    s += [f"  %T{r}_{v} = phi {vt} [zeroinitializer, %start], [%N{r}_{v}, %tapend]" for r, v in acc]
     s += ["  %tp = getelementptr i64, ptr %to, i64 %t", "  %toff = load i64, ptr %tp"]
     for r in rows:
         s += [
@@ -186,6 +198,7 @@ def _module_ir(w: int, nv: int) -> str:
         f"declare {vt} @llvm.fma.v{w}f32({vt}, {vt}, {vt})",
         f"declare void @llvm.masked.store.v{w}f32.p0({vt}, ptr, i32, <{w} x i1>)",
         f"declare {vt} @llvm.masked.load.v{w}f32.p0(ptr, i32, <{w} x i1>, {vt})",
+        "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
     ]
     parts += [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
     parts += [f"attributes #0 = {{ nounwind{wide} }}"]
@@ -216,13 +229,23 @@ def _compile_microkernels(w: int, nv: int):
 # Module globals that _build_driver fills in before compiling: numba's cache keys a function on
 # its code and closure, and a closure over these objects would differ in every process.
 prange = range  # numba.prange
-_k1 = _k2 = _k3 = _k4 = _k5 = _k6 = _k7 = _k8 = None  # the microkernels (ExternalFunction)
+_k1 = _k2 = _k3 = _k4 = _k5 = _k6 = _k7 = _k8 = _k9 = _k10 = _k11 = _k12 = (
+    None  # the microkernels (ExternalFunction)
+)
 _micro = None  # _micro_py compiled
 
 
 def _micro_py(m, args):  # pragma: no cover - compiled
     """The microkernel for m rows (1..MR_MAX)."""
-    if m == 8:
+    if m == 12:
+        _k12(*args)
+    elif m == 11:
+        _k11(*args)
+    elif m == 10:
+        _k10(*args)
+    elif m == 9:
+        _k9(*args)
+    elif m == 8:
         _k8(*args)
     elif m == 7:
         _k7(*args)
@@ -269,6 +292,7 @@ def _driver_py(
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
         for q0 in range(m0, m1, chunk):
             q1 = min(q0 + chunk, m1)
+            ntiles = (q1 - q0 + mr - 1) // mr
             for j in range(j0, j1):
                 n0 = j * nr
                 nc = min(nr, o - n0)
@@ -284,18 +308,23 @@ def _driver_py(
                     lo = lo_act if last else np.float32(-np.inf)
                     hi = hi_act if last else np.float32(np.inf)
                     bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
+                    # while this block's tiles run, pull the next block (what follows it in
+                    # memory) into L2, a slice per tile: from DRAM it would stall the first tile
+                    pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
+                    per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
                     for p in range(q0, q1, mr):
                         off = (p * o + n0) * 4
                         args = (aa + c0 * 4, ra + p * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
                         args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
-                        _micro(min(mr, q1 - p), args + args2)
+                        _micro(min(mr, q1 - p), args + args2 + (pf, per_tile))
+                        pf += per_tile * 64
 
 
 def _build_driver(nb):
     from numba import types
 
     g = globals()
-    sig = types.void(*([types.int64] * 12), types.float32, types.float32)
+    sig = types.void(*([types.int64] * 12), types.float32, types.float32, types.int64, types.int64)
     for i in range(1, MR_MAX + 1):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
     g["prange"] = nb.prange
