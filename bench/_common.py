@@ -13,6 +13,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
+# environment variables that change which kernels run, recorded with every result
+ENV_RECORDED = (
+    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "EMBER_SGEMM_ISA", "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+)  # fmt: skip
+
 
 def timeit(fn, repeat: int = 5, warmup: int = 1) -> float:
     """Median wall time of fn() in seconds."""
@@ -45,9 +51,7 @@ def append(title: str, table: str) -> None:
             "# Benchmark results\n\nEach section: the command, the machine, the BLAS kernels, the table.\n"
         )
     cmd = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
-    env = " ".join(
-        f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ
-    )
+    env = " ".join(f"{k}={os.environ[k]}" for k in ENV_RECORDED if k in os.environ)
     with RESULTS.open("a") as f:
         f.write(f"\n## {title} ({datetime.date.today()})\n\n")
         f.write(

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -44,17 +49,33 @@ def test_microkernels_exist_on_this_cpu():
     assert NR in (16, 32)  # AVX2+FMA or AVX-512: the CI machines have at least AVX2
 
 
-@pytest.mark.parametrize(
-    "n,h,w,c,o,k,s,pad",
-    [
-        (1, 9, 11, 16, 37, 3, 1, 1),  # partial last panel, every row remainder
-        (2, 7, 5, 24, 64, 3, 2, 1),  # stride 2 across two images
-        (1, 6, 6, 40, 100, 1, 1, 0),  # 1x1: one tap
-        (1, 9, 8, 20, 33, 1, 2, 0),  # strided 1x1 read in place
-        (1, 3, 3, 8, 300, 3, 1, 1),  # few pixels, many panels (panel split)
-        (3, 4, 5, 3, 8, 5, 1, 2),  # narrow output, 25 taps of 3 channels
-    ],
-)
+def test_avx2_microkernels_match_reference_in_a_fresh_process():
+    """The AVX2 family (what an AVX2-only CPU runs) checked here too, forced by EMBER_SGEMM_ISA."""
+    code = (
+        "from tests.backends import test_sgemm as t\n"
+        "assert t.NR == 16, t.NR\n"
+        "for case in t.CONV_CASES:\n"
+        "    t.test_conv_gemm_matches_reference(*case, 2)\n"
+        "t.test_linear_rows_match_reference(13, 33, 65)\n"
+        "t.test_activations_keep_nan_like_torch()\n"
+    )
+    env = {**os.environ, "EMBER_SGEMM_ISA": "avx2"}
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
+
+
+CONV_CASES = [  # n, h, w, c, o, k, stride, pad
+    (1, 9, 11, 16, 37, 3, 1, 1),  # partial last panel, every row remainder
+    (2, 7, 5, 24, 64, 3, 2, 1),  # stride 2 across two images
+    (1, 6, 6, 40, 100, 1, 1, 0),  # 1x1: one tap
+    (1, 9, 8, 20, 33, 1, 2, 0),  # strided 1x1 read in place
+    (1, 3, 3, 8, 300, 3, 1, 1),  # few pixels, many panels (panel split)
+    (3, 4, 5, 3, 8, 5, 1, 2),  # narrow output, 25 taps of 3 channels
+    (1, 5, 5, 600, 40, 3, 1, 1),  # taps deeper than a K block: sliced channels
+]
+
+
+@pytest.mark.parametrize("n,h,w,c,o,k,s,pad", CONV_CASES)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads):
     a, rowoff, tapoff, _ = _conv_case(n, h, w, c, o, k, s, pad)

@@ -25,10 +25,13 @@ splits the output into tasks (blocks of pixels or of panels) over numba's thread
 the epilogue (bias, residual, ReLU/ReLU6) on each tile while it is in cache.
 
 Every entry point has a numpy reference (``gemm_reference``) that tests compare against and that
-serves where llvmlite/numba or AVX2+FMA are missing (EMBER_NO_NUMBA=1).
+serves where llvmlite/numba or AVX2+FMA are missing (EMBER_NO_NUMBA=1). EMBER_SGEMM_ISA=avx2
+runs the AVX2 family on an AVX-512 machine (the tests check it), =none the numpy fallback.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -62,13 +65,20 @@ def pack_weight(w2: np.ndarray, nr: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ LLVM IR microkernels
-def _isa(features: dict) -> tuple[int, int, int] | None:
-    """(vector width W, vectors per row NV, rows MR) for the host, or None (use the reference)."""
-    if features.get("avx512f") and features.get("avx512vl"):
-        return 16, 2, 12
+ISAS = {"avx512": (16, 2, 12), "avx2": (8, 2, 6)}  # vector width W, vectors per row NV, rows MR
+
+
+def _isa(features: dict) -> str | None:
+    """The best microkernel family for the host (EMBER_SGEMM_ISA=avx2/none picks a lower one)."""
+    best = None
     if features.get("avx2") and features.get("fma"):
-        return 8, 2, 6
-    return None
+        best = "avx2"
+        if features.get("avx512f") and features.get("avx512vl"):
+            best = "avx512"
+    want = os.environ.get("EMBER_SGEMM_ISA")
+    if want in ("none", "avx2") and best is not None:
+        return None if want == "none" else "avx2"
+    return best
 
 
 def _kernel_ir(mr: int, nv: int, w: int) -> str:
@@ -205,18 +215,20 @@ def _module_ir(w: int, nv: int) -> str:
     return "\n".join(parts)
 
 
-def _compile_microkernels(w: int, nv: int):
-    """JIT the microkernels for the host CPU and make them callable from numba by name."""
+def _compile_microkernels(isa: str, host: bool):
+    """JIT the microkernels (for the host CPU, or a plain AVX2 one) and register their symbols."""
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    w, nv, _ = ISAS[isa]
     mod = llvm.parse_assembly(_module_ir(w, nv))
     mod.verify()
+    cpu, features = "haswell", ""  # AVX2 + FMA, 16 vector registers
+    if host:
+        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     target = llvm.Target.from_default_triple()
-    tm = target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3
-    )
+    tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
     engine = llvm.create_mcjit_compiler(mod, tm)
     engine.finalize_object()
     for mr in range(1, MR_MAX + 1):
@@ -339,13 +351,14 @@ def _state():
         if nb is not None:
             import llvmlite.binding as llvm
 
-            isa = _isa(llvm.get_host_cpu_features())
-        if isa is None:
-            _STATE["isa"] = None
-        else:
-            w, nv, mr = isa
-            _STATE["engine"] = _compile_microkernels(w, nv)
-            _STATE.update(isa=isa, nr=nv * w, mr=mr, driver=_build_driver(nb))
+            features = llvm.get_host_cpu_features()
+            isa = _isa(features)
+        _STATE["isa"] = isa
+        if isa is not None:
+            host = isa == "avx512" or not features.get("avx512f")
+            _STATE["engine"] = _compile_microkernels(isa, host)
+            w, nv, mr = ISAS[isa]
+            _STATE.update(nr=nv * w, mr=mr, driver=_build_driver(nb))
     return _STATE
 
 
