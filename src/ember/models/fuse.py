@@ -78,9 +78,7 @@ def _window_rows(xp: np.ndarray, kw: int, sw: int, ow: int) -> np.ndarray:
     n, hp, wp, c = xp.shape
     s = xp.strides
     v = np.lib.stride_tricks.as_strided(xp, (n, hp, ow, kw * c), (s[0], s[1], sw * s[2], s[3]))
-    out = _buffer(("rows", *v.shape), v.shape)
-    np.copyto(out, v)
-    return out
+    return K.copy4d(v, _buffer(("rows", *v.shape), v.shape))
 
 
 def window_offsets(shape, kernel, stride, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:

@@ -47,6 +47,12 @@ def test_im2col_and_depthwise_match_references(n, h, w, c, k, s, pt, pl):
     K.maxpool(x, m1, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
     K.maxpool_reference(x, m2, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
     np.testing.assert_array_equal(m1, m2)
+    st = x.strides  # overlapping windows (the stem's window rows) into a strided destination
+    src = np.lib.stride_tricks.as_strided(x, (n, h, w - k + 1, k * c), (*st[:2], st[2], st[3]))
+    dst = np.zeros((n, h + 1, w - k + 3, k * c), np.float32)
+    K.copy4d(src, dst[:, 1:, 2:])
+    np.testing.assert_array_equal(dst[:, 1:, 2:], src)
+    assert not dst[:, 0].any() and not dst[:, :, :2].any()
 
 
 @pytest.mark.parametrize("act", [0, 1, 2])

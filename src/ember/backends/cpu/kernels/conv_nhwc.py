@@ -205,7 +205,20 @@ def _build(nb):
                             acc[t] = max(acc[t], src[t])
         return out
 
-    return {"im2col": im2col, "epilogue": epilogue, "depthwise": depthwise, "maxpool": maxpool}
+    @nb.njit(parallel=True, **opts)
+    def copy4d(src, dst):  # pragma: no cover - compiled
+        n, h, w, c = dst.shape
+        for r in nb.prange(n * h):
+            b, y = r // h, r % h
+            for x in range(w):
+                s, d = src[b, y, x], dst[b, y, x]
+                for t in range(c):
+                    d[t] = s[t]
+
+    return {
+        "im2col": im2col, "epilogue": epilogue, "depthwise": depthwise, "maxpool": maxpool,
+        "copy4d": copy4d,
+    }  # fmt: skip
 
 
 def _kernels():
@@ -249,3 +262,13 @@ def maxpool(x, out, kh, kw, sh, sw, pt, pl, r0=0, r1=-1) -> np.ndarray:
     if k is None:
         return maxpool_reference(x, out, kh, kw, sh, sw, pt, pl, r0, r1)
     return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl, r0, r1)
+
+
+def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """dst[...] = src for 4-D arrays of one shape (any strides), rows spread over the threads."""
+    k = _kernels()
+    if k is None:
+        np.copyto(dst, src)
+    else:
+        k["copy4d"](src, dst)
+    return dst
