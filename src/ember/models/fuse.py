@@ -138,12 +138,14 @@ class FusedConv2d(nn.Module):
         self.bias_np = np.ascontiguousarray(
             np.zeros(o, _F32) if bias is None else np.asarray(bias, _F32)
         )
+        self.packed = None
         if self.depthwise:
             self.w_np = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
         elif groups == 1:
-            self.w_np = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o))
-            nr = G.panel_width()
-            self.packed = None if nr is None else G.pack_weight(self.w_np, nr)
+            w2 = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o))
+            nr = G.panel_width()  # the packed panels, or (K, O) for BLAS: one copy, not both
+            self.packed = None if nr is None else G.pack_weight(w2, nr)
+            self.w_np = w2 if self.packed is None else None
         else:
             raise UnsupportedError(
                 f"FusedConv2d: grouped convolutions other than depthwise (groups={groups})"
@@ -172,7 +174,7 @@ class FusedConv2d(nn.Module):
             self._depthwise(a, out, res, (sh, sw, pt, pl))
             return channels_last(out)
         y = out.reshape(m, o)
-        kk = self.w_np.shape[0]
+        kk = kh * kw * c
         if self.packed is None:  # no microkernels (no numba, or no AVX2/FMA): im2col + BLAS
             if kh == kw == 1 and not (pt or pb or pl or pr):
                 cols = np.ascontiguousarray(a[:, ::sh, ::sw]).reshape(m, c)
@@ -289,11 +291,12 @@ class FusedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.wt_np = np.ascontiguousarray(linear.weight._data.astype(_F32).T)  # (in, out)
+        wt = np.ascontiguousarray(linear.weight._data.astype(_F32).T)  # (in, out)
         b = linear.bias
         self.bias_np = np.zeros(self.out_features, _F32) if b is None else b._data.astype(_F32)
         nr = G.panel_width()
-        self.packed = None if nr is None else G.pack_weight(self.wt_np, nr)
+        self.packed = None if nr is None else G.pack_weight(wt, nr)
+        self.wt_np = wt if self.packed is None else None
         self._rows: dict = {}
 
     def forward(self, x: Tensor) -> Tensor:

@@ -16,13 +16,15 @@ channels (``pack_weight``: (panels, K, NR), zero-padded), and A is read where it
 
 The inner loop is a register-blocked microkernel written in LLVM IR and compiled with llvmlite
 (numba's own compiler back end) for the host CPU: MR rows x NR columns of accumulators held in
-vector registers (AVX-512: 8 x 32 floats in 16 zmm registers; AVX2: 6 x 16 in 12 ymm), one
+vector registers (AVX-512: 12 x 32 floats in 24 zmm registers; AVX2: 6 x 16 in 12 ymm), one
 broadcast of A and NR/W vector loads of B per FMA row. numba does not emit this loop by itself
-(its vectoriser keeps the accumulators in memory), hence the hand-written IR; measured on the
-development VM (one core, AVX-512) it runs at 180-200 GFLOP/s, OpenBLAS's sgemm at 175-190.
-The microkernels are registered as symbols that a numba driver (``_driver``) calls; the driver
-splits the output into tasks (blocks of pixels or of panels) over numba's threads and applies
-the epilogue (bias, residual, ReLU/ReLU6) on each tile while it is in cache.
+(its vectoriser keeps the accumulators in memory, and LLVM keeps to 256-bit vectors on AVX-512
+CPUs unless a function asks for 512), hence the hand-written IR; measured on the development VM
+(one core, AVX-512) it runs at 185-220 GFLOP/s, OpenBLAS's sgemm at 175-190. Its store adds
+the bias and residual and clamps (ReLU/ReLU6) while the tile is in registers.
+The microkernels are registered as symbols that a numba driver (``_driver_py``) calls; the
+driver splits the output into tasks (blocks of pixels or groups of panels) over numba's threads
+and blocks K so that the panel rows in use stay in L1 (see its docstring).
 
 Every entry point has a numpy reference (``gemm_reference``) that tests compare against and that
 serves where llvmlite/numba or AVX2+FMA are missing (EMBER_NO_NUMBA=1). EMBER_SGEMM_ISA=avx2
