@@ -94,16 +94,10 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
         " float %lof, float %hif, i64 %pfi, i64 %npf) #0 {",
         "entry:",
         "  %pf0 = inttoptr i64 %pfi to ptr",
-        "  %pfz = icmp eq i64 %npf, 0",
-        "  br i1 %pfz, label %start, label %pf",
-        "pf:",  # prefetch npf cache lines at pf into L2: the next block of B, a slice per tile
-        "  %pn = phi i64 [0, %entry], [%pn1, %pf]",
-        "  %pfo = shl i64 %pn, 6",
-        "  %pfp = getelementptr i8, ptr %pf0, i64 %pfo",
-        "  call void @llvm.prefetch.p0(ptr %pfp, i32 0, i32 2, i32 1)",
-        "  %pn1 = add i64 %pn, 1",
-        "  %pfc = icmp ult i64 %pn1, %npf",
-        "  br i1 %pfc, label %pf, label %start",
+        "  %npf0 = icmp eq i64 %npf, 0",
+        "  %npf1 = sub i64 %npf, 1",
+        "  %pfl = select i1 %npf0, i64 0, i64 %npf1",
+        "  br label %start",
         "start:",
         "  %a = inttoptr i64 %ai to ptr",
         "  %ro = inttoptr i64 %roi to ptr",
@@ -117,6 +111,7 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     s += [
         "  %t = phi i64 [0, %start], [%t1, %tapend]",
         "  %bt = phi ptr [%b, %start], [%bn, %tapend]",
+        "  %gt = phi i64 [0, %start], [%g1, %tapend]",
     ]
     s += [f"  %T{r}_{v} = phi {vt} [zeroinitializer, %start], [%N{r}_{v}, %tapend]" for r, v in acc]
     s += ["  %tp = getelementptr i64, ptr %to, i64 %t", "  %toff = load i64, ptr %tp"]
@@ -127,8 +122,14 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
         ]
     s += ["  br label %k", "k:"]  # loop over the kc channels of one tap
     s += ["  %kk = phi i64 [0, %tap], [%kk1, %k]", "  %bk = phi ptr [%bt, %tap], [%bn, %k]"]
+    s += ["  %g = phi i64 [%gt, %tap], [%g1, %k]"]
     s += [f"  %aq{r} = phi ptr [%ap{r}, %tap], [%aqn{r}, %k]" for r in rows]
     s += [f"  %K{r}_{v} = phi {vt} [%T{r}_{v}, %tap], [%N{r}_{v}, %k]" for r, v in acc]
+    # one cache line of the next block of B into L2 per step (pf + 64 * min(step, npf - 1)):
+    # the weight streams in while the tiles compute instead of stalling the next block's first
+    s += ["  %gi = call i64 @llvm.umin.i64(i64 %g, i64 %pfl)"]
+    s += ["  %go = shl i64 %gi, 6", "  %gp = getelementptr i8, ptr %pf0, i64 %go"]
+    s += ["  call void @llvm.prefetch.p0(ptr %gp, i32 0, i32 2, i32 1)", "  %g1 = add i64 %g, 1"]
     for v in vecs:
         s += [f"  %bp{v} = getelementptr float, ptr %bk, i64 {v * w}"]
         s += [f"  %bv{v} = load {vt}, ptr %bp{v}, align 4"]
@@ -211,6 +212,7 @@ def _module_ir(w: int, nv: int) -> str:
         f"declare void @llvm.masked.store.v{w}f32.p0({vt}, ptr, i32, <{w} x i1>)",
         f"declare {vt} @llvm.masked.load.v{w}f32.p0(ptr, i32, <{w} x i1>, {vt})",
         "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+        "declare i64 @llvm.umin.i64(i64, i64)",
     ]
     parts += [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
     parts += [f"attributes #0 = {{ nounwind{wide} }}"]
@@ -322,8 +324,8 @@ def _driver_py(
                     lo = lo_act if last else np.float32(-np.inf)
                     hi = hi_act if last else np.float32(np.inf)
                     bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
-                    # while this block's tiles run, pull the next block (what follows it in
-                    # memory) into L2, a slice per tile: from DRAM it would stall the first tile
+                    # while this block's tiles run, the next block (what follows it in memory)
+                    # streams into L2, a slice per tile: from DRAM it would stall the first tile
                     pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
                     per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
                     for p in range(q0, q1, mr):
