@@ -44,6 +44,7 @@ from ember.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
 _buffers = threading.local()
+MAX_CACHED = 32  # scratch buffers per thread, offset tables per layer (one per input geometry)
 
 
 def _buffer(key: tuple, shape: tuple) -> np.ndarray:
@@ -53,6 +54,8 @@ def _buffer(key: tuple, shape: tuple) -> np.ndarray:
         bufs = _buffers.d = {}
     buf = bufs.get(key)
     if buf is None:
+        if len(bufs) >= MAX_CACHED:  # many input sizes (a server): start over, don't grow
+            bufs.clear()
         buf = bufs[key] = np.zeros(shape, _F32)
     return buf
 
@@ -189,6 +192,8 @@ class FusedConv2d(nn.Module):
         else:  # the GEMM reads the (padded) input in place, tap by tap
             key, geom = (n, h, w), ((kh, kw), (sh, sw))
         make = lambda: window_offsets(src.shape, *geom, oh, ow)  # noqa: E731
+        if key not in self._geom and len(self._geom) >= MAX_CACHED:
+            self._geom.clear()
         rowoff, tapoff = self._geom.get(key) or self._geom.setdefault(key, make())
         kc = kk // len(tapoff)
         G.gemm(src.reshape(-1), rowoff, tapoff, kc, self.packed, self.bias_np, res, self._act, y)
@@ -314,6 +319,8 @@ class FusedLinear(nn.Module):
         else:
             offs = self._rows.get(m)
             if offs is None:
+                if len(self._rows) >= MAX_CACHED:
+                    self._rows.clear()
                 offs = self._rows[m] = (np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64))
             G.gemm(a2.reshape(-1), *offs, k, self.packed, self.bias_np, None, 0, y)
         return Tensor._wrap(y.reshape(*a.shape[:-1], self.out_features))
