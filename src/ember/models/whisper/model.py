@@ -20,6 +20,8 @@ import numpy as np
 
 import ember
 from ember import nn
+from ember.backends.cpu.kernels import attention as A
+from ember.backends.cpu.kernels import dense as D
 from ember.errors import FormatError, ShapeError
 from ember.generation.cache import KVCache
 from ember.nn import functional as F
@@ -85,6 +87,10 @@ class WhisperAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def qkv_projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        """q_proj, k_proj, v_proj."""
+        return self.q_proj, self.k_proj, self.v_proj
+
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of x, split into heads."""
         return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
@@ -125,6 +131,16 @@ class WhisperEncoderLayer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.self_attn(self.self_attn_layer_norm(x))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+    def infer(self, x: np.ndarray, batch: int) -> np.ndarray:
+        """forward on a (batch * frames, d_model) float32 array: the inference path."""
+        attn, d = self.self_attn, x.shape[1]
+        h = _layer_norm(self.self_attn_layer_norm, x)
+        q, k, v = (_linear(p, h).reshape(batch, -1, d) for p in attn.qkv_projections())
+        o = A.attention(q, k, v, attn.num_heads).reshape(x.shape)
+        x = _linear(attn.out_proj, o, residual=x)
+        h = _layer_norm(self.final_layer_norm, x)
+        return _linear(self.fc2, D.gelu_(_linear(self.fc1, h)), residual=x)
 
 
 class WhisperDecoderLayer(nn.Module):
@@ -176,12 +192,63 @@ class WhisperEncoder(nn.Module):
                 f"WhisperEncoder: expected (batch, {self.conv1.in_channels}, <= {2 * n_pos}) "
                 f"log-mel features, got {tuple(x.shape)}"
             )
+        if _inference(self, x):
+            return Tensor._wrap(self.infer(x._data))
         x = F.gelu(self.conv1(x))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.embed_positions.weight[: x.shape[1]]
         for layer in self.layers:
             x = layer(x)
         return self.layer_norm(x)
+
+    def infer(self, features: np.ndarray) -> np.ndarray:
+        """forward on float32 arrays, without autograd: the inference path.
+
+        The same function as ``forward``, on token-major (frames, d_model) arrays: the convs and
+        linear layers run on the packed-weight GEMM with bias and residual adds in its epilogue,
+        attention is the blocked kernel (kernels.attention), norms and GELU are numba passes.
+        """
+        c1, c2, d = self.conv1, self.conv2, self.embed_positions.weight.shape[1]
+        b = features.shape[0]
+        x = _conv1d(c1, features.transpose(0, 2, 1))  # (b, frames, d): channels-last
+        x = _conv1d(c2, D.gelu_(x.reshape(-1, d)).reshape(b, -1, d))
+        t = x.shape[1]
+        x = D.gelu_(x.reshape(b * t, d), add=self.embed_positions.weight._data[:t])
+        for layer in self.layers:
+            x = layer.infer(x, b)
+        return _layer_norm(self.layer_norm, x).reshape(b, t, d)
+
+
+def _inference(module: nn.Module, x: Tensor) -> bool:
+    """Whether the numpy inference path may run: float32 on the CPU and no gradient wanted."""
+    if x.device.type != "cpu" or x._data.dtype != np.float32:
+        return False
+    params = list(module.parameters())
+    if any(p._data.dtype != np.float32 for p in params):
+        return False
+    return not (
+        ember.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))
+    )
+
+
+def _linear(lin: nn.Linear, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """lin(x) (+ residual) on (tokens, features) arrays, the weight packed for the GEMM."""
+    bias = None if lin.bias is None else lin.bias._data
+    return D.linear(x, D.pack(lin.weight._data), bias, residual)
+
+
+def _conv1d(conv: nn.Conv1d, x: np.ndarray) -> np.ndarray:
+    """conv(x) on channels-last (batch, length, channels) arrays."""
+    bias = None if conv.bias is None else conv.bias._data
+    w = D.pack(conv.weight._data)
+    return D.conv1d(x, w, bias, stride=conv.stride[0], padding=conv.padding[0])
+
+
+def _layer_norm(norm: nn.LayerNorm, x: np.ndarray) -> np.ndarray:
+    """norm(x) over the last axis of a (tokens, features) array."""
+    w = None if norm.weight is None else norm.weight._data
+    b = None if norm.bias is None else norm.bias._data
+    return D.layer_norm(x, w, b, norm.eps)
 
 
 class WhisperDecoder(nn.Module):

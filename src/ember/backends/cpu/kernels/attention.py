@@ -1,0 +1,284 @@
+"""Blocked (flash-style) non-causal self- or cross-attention on token-major float32 arrays.
+
+    out[b, i, h] = sum_j softmax_j(q[b, i, h] . k[b, j, h] * scale) v[b, j, h]
+
+q is (B, L, H*D), k and v (B, S, H*D): head h is columns h*D:(h+1)*D, so the outputs of the q/k/v
+projections are used as they are (column slices of one fused qkv matrix too), and the result is
+(B, L, H*D), ready for the output projection. An optional key mask (B, S) drops padding keys.
+
+How: K and V are packed per (batch, head) into the panel layout of the packed-weight GEMM
+(``kernels.sgemm``: (panels, rows, NR) floats): K transposed, so that a block of queries times
+a panel is a (rows x NR) tile of scores. Each task of a numba ``prange`` takes one (batch, head,
+block of query rows); for its block it
+
+1. writes the scores S = Q_blk K^T (rows x S) with sgemm's register-blocked microkernels;
+2. turns each row into exp((s - max) * scale) in place and keeps 1 / sum (a float32 exp,
+   branch-free so that it vectorizes: numba's np.exp calls libm's scalar expf);
+3. multiplies P V with the microkernels straight into the output, then scales each row by its
+   1 / sum.
+
+Only a (rows x S) block of scores per thread exists at any time (about 300 KB at S = 1500), so
+it stays in L2, where a full (H, L, S) score tensor (54 MB for Whisper's encoder) would stream
+through memory three times. As every key of the row is in the block, the softmax is the exact
+two-pass one (no running rescale as in FlashAttention's online softmax, which only pays when a
+row of scores does not fit in cache).
+
+``attention_reference`` is the numpy version the tests compare with; it also runs where the
+microkernels are unavailable (no numba, no AVX2+FMA, EMBER_NO_NUMBA=1, EMBER_SGEMM_ISA=none).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ember.backends.cpu.kernels import numba_or_none
+
+_F32 = np.float32
+_K: dict | None = None
+SCORE_BLOCK_BYTES = 1 << 19  # a task's (rows x keys) float32 scores: at most ~512 KB (in L2)
+
+# exp(x) for float32 (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2; exp(r) by a degree-6
+# polynomial; 2^n built in the exponent bits. Relative error ~1.2e-7 on [-87, 88].
+_LOG2E, _LN2_HI, _LN2_LO = _F32(1.4426950408889634), _F32(0.693359375), _F32(-2.12194440e-4)
+_P0, _P1, _P2, _P3, _P4, _P5 = (
+    _F32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                      1.6666665459e-1, 5.0000001201e-1)
+)  # fmt: skip
+_EXP_LO, _EXP_HI, _HALF, _ONE = _F32(-87.0), _F32(88.0), _F32(0.5), _F32(1.0)
+
+
+def expf(x):
+    """exp of a float32 scalar, branch-free (compiled by numba; vectorizes inside loops)."""
+    x = min(max(x, _EXP_LO), _EXP_HI)
+    n = np.floor(x * _LOG2E + _HALF)
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    p = p * (r * r) + r + _ONE
+    return p * np.int32((np.int32(n) + 127) << 23).view(np.float32)
+
+
+# ------------------------------------------------------------------ numpy reference
+def attention_reference(q, k, v, num_heads: int, scale: float, key_mask=None) -> np.ndarray:
+    """softmax(q k^T * scale) v per head, float32; (B, L, H*D), (B, S, H*D) x2 -> (B, L, H*D).
+
+    key_mask: bool (B, S), True = attend, or None. Rows with no key to attend to give zeros.
+    """
+    b, lq, hd = q.shape
+    s_len = k.shape[1]
+    d = hd // num_heads
+    out = np.zeros((b, lq, hd), _F32)
+    for i in range(b):
+        for h in range(num_heads):
+            c = slice(h * d, (h + 1) * d)
+            s = (q[i, :, c] @ k[i, :, c].T).astype(_F32) * _F32(scale)  # (L, S)
+            if key_mask is not None:
+                s = np.where(key_mask[i][None, :], s, -np.inf)
+            if s_len == 0 or not np.isfinite(s.max(initial=-np.inf)):
+                continue
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[i, :, c] = (p @ v[i, :, c]) / p.sum(-1, keepdims=True)
+    return out
+
+
+# ------------------------------------------------------------------ numba kernels
+_micro = None  # sgemm's microkernel dispatcher, set by _build before compiling
+
+
+def _pack_kv_py(k, v, num_heads, pk, pv):  # pragma: no cover - compiled
+    """pk[b, h, j, e, c] = k[b, j*NR + c, h*D + e]; pv[b, h, p, t, c] = v[b, t, h*D + p*NR + c].
+
+    Zero-padded past the last key (pk) and the last feature of a head (pv).
+    """
+    nb, s_len, hd = k.shape
+    d = hd // num_heads
+    nr = pk.shape[4]
+    for task in prange(nb * num_heads):
+        b, h = task // num_heads, task % num_heads
+        c0 = h * d
+        for j in range(pk.shape[2]):
+            blk = pk[b, h, j]
+            for c in range(nr):
+                t = j * nr + c
+                if t < s_len:
+                    for e in range(d):
+                        blk[e, c] = k[b, t, c0 + e]
+                else:
+                    for e in range(d):
+                        blk[e, c] = 0.0
+        for p in range(pv.shape[2]):
+            blk = pv[b, h, p]
+            for t in range(s_len):
+                for c in range(nr):
+                    e = p * nr + c
+                    blk[t, c] = v[b, t, c0 + e] if e < d else np.float32(0.0)
+
+
+def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, out):  # noqa: E501  # pragma: no cover - compiled
+    """One task per (batch, head, block of query rows): scores, softmax, P V (see module doc)."""
+    nb, lq, hd = q.shape
+    d = hd // num_heads
+    nr = pk.shape[4]
+    lds = pk.shape[2] * nr  # score row stride: the keys rounded up to whole panels
+    nblk = (lq + rows - 1) // rows
+    i8 = np.int64
+    qs0, qs1 = q.strides[0] // 4, q.strides[1] // 4  # q may be a strided view (column slice)
+    os0, os1 = out.strides[0] // 4, out.strides[1] // 4
+    zero = np.zeros(1, i8)
+    ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
+    for task in prange(nb * num_heads * nblk):
+        b = task // (num_heads * nblk)
+        h = (task // nblk) % num_heads
+        r0 = (task % nblk) * rows
+        m = min(rows, lq - r0)
+        sc = np.empty((rows, lds), np.float32)
+        roq = np.empty(rows, i8)
+        ros = np.empty(rows, i8)
+        inv = np.empty(rows, np.float32)
+        for r in range(m):
+            roq[r] = b * qs0 + (r0 + r) * qs1 + h * d
+            ros[r] = r * lds
+        qa, sa, za, oa = q.ctypes.data, sc.ctypes.data, zero.ctypes.data, out.ctypes.data
+        # 1. scores: the block's query rows times each panel of K^T (D deep)
+        for j in range(pk.shape[2]):
+            ba = pk[b, h, j].ctypes.data
+            nc = min(nr, s_len - j * nr)
+            for p in range(0, m, mr):
+                args = (qa, roq.ctypes.data + p * 8, za, 1, d, ba, sa + (p * lds + j * nr) * 4)
+                _micro(min(mr, m - p), args + (lds, nc, oa, oa, 0, ninf, pinf, 0, 0))
+        # 2. softmax numerators in place, 1 / denominators aside
+        for r in range(m):
+            s = sc[r]
+            if has_mask:
+                mx = _masked_max(s, mask[b], s_len)
+                if mx == ninf:  # no key to attend to: zeros, as the reference
+                    for e in range(s_len):
+                        s[e] = 0.0
+                    inv[r] = 0.0
+                    continue
+                inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
+            else:
+                inv[r] = np.float32(1.0) / _exp_sum(s, s_len, _row_max(s, s_len), scale)
+        # 3. out = P V (S deep), written in place, then scaled row by row
+        for pp in range(pv.shape[2]):
+            ba = pv[b, h, pp].ctypes.data
+            nc = min(nr, d - pp * nr)
+            for p in range(0, m, mr):
+                c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
+                args = (sa, ros.ctypes.data + p * 8, za, 1, s_len, ba, c, os1, nc)
+                _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
+        for r in range(m):
+            o = out[b, r0 + r]
+            for e in range(h * d, (h + 1) * d):
+                o[e] *= inv[r]
+
+
+def _row_max_py(s, n):  # pragma: no cover - compiled
+    """max of s[:n]: eight running maxima (a single one is a serial chain numba won't vectorize)."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = s[0]
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        m0, m1, m2, m3 = max(m0, s[j]), max(m1, s[j + 1]), max(m2, s[j + 2]), max(m3, s[j + 3])
+        m4, m5, m6, m7 = max(m4, s[j + 4]), max(m5, s[j + 5]), max(m6, s[j + 6]), max(m7, s[j + 7])
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    for j in range(n8, n):
+        m = max(m, s[j])
+    return m
+
+
+def _exp_sum_py(s, n, mx, scale):  # pragma: no cover - compiled
+    """s[:n] <- exp((s - mx) * scale); returns the sum."""
+    ms = mx * scale
+    tot = np.float32(0.0)
+    for j in range(n):
+        e = _expf(s[j] * scale - ms)
+        s[j] = e
+        tot += e
+    return tot
+
+
+def _masked_max_py(s, ok, n):  # pragma: no cover - compiled
+    """max of s[j] over the keys with ok[j] (-inf when none)."""
+    m = np.float32(-np.inf)
+    for j in range(n):
+        if ok[j]:
+            m = max(m, s[j])
+    return m
+
+
+def _masked_exp_py(s, ok, n, mx, scale):  # pragma: no cover - compiled
+    """s[:n] <- exp((s - mx) * scale) where ok, 0 elsewhere; returns the sum."""
+    ms = mx * scale
+    tot = np.float32(0.0)
+    for j in range(n):
+        e = _expf(s[j] * scale - ms) if ok[j] else np.float32(0.0)
+        s[j] = e
+        tot += e
+    return tot
+
+
+prange = range
+_expf = _row_max = _exp_sum = _masked_max = _masked_exp = None
+
+
+def _build() -> dict:
+    """Compile (or load from numba's cache) the kernels; {} without numba or microkernels."""
+    from ember.backends.cpu.kernels import sgemm as G
+
+    nb = numba_or_none()
+    if nb is None or G.panel_width() is None:
+        return {}
+    st = G._state()  # the microkernels are compiled and their symbols registered by now
+    g = globals()
+    # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
+    fm = {"reassoc", "contract", "arcp", "nsz"}
+    inline = dict(cache=True, nogil=True, inline="always")
+    g.update(_micro=G._micro, prange=nb.prange, _expf=nb.njit(**inline)(expf))
+    for name in ("_row_max", "_exp_sum", "_masked_max", "_masked_exp"):
+        g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
+    par = dict(cache=True, nogil=True, parallel=True)
+    return {
+        "mr": st["mr"],
+        "nr": st["nr"],
+        "pack": nb.njit(**par)(_pack_kv_py),
+        "attention": nb.njit(fastmath=fm, **par)(_attention_py),
+    }
+
+
+def _kernels() -> dict:
+    global _K
+    if _K is None:
+        _K = _build()
+    return _K
+
+
+def attention(q, k, v, num_heads: int, scale: float | None = None, key_mask=None) -> np.ndarray:
+    """softmax(q k^T * scale) v per head (non-causal); (B, L, H*D), (B, S, H*D) -> (B, L, H*D).
+
+    q, k, v: float32 with the last axis contiguous (views such as column slices of a fused qkv
+    matrix are read in place). scale defaults to 1/sqrt(D). key_mask: bool (B, S), True = a key
+    to attend to, or None; a query with no key to attend to gets zeros.
+    """
+    b, lq, hd = q.shape
+    s_len = k.shape[1]
+    d = hd // num_heads
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    kern = _kernels()
+    if not kern or lq == 0 or s_len == 0 or not all(a.strides[-1] == 4 for a in (q, k, v)):
+        return attention_reference(q, k, v, num_heads, scale, key_mask)
+    from ember.threads import get_num_threads
+
+    mr, nr = kern["mr"], kern["nr"]
+    pk = np.empty((b, num_heads, -(-s_len // nr), d, nr), _F32)
+    pv = np.empty((b, num_heads, -(-d // nr), s_len, nr), _F32)
+    kern["pack"](k, v, num_heads, pk, pv)
+    rows = max(mr, min(8 * mr, SCORE_BLOCK_BYTES // (4 * s_len) // mr * mr))
+    threads = get_num_threads()
+    while rows > mr and b * num_heads * -(-lq // rows) < 2 * threads:
+        rows -= mr  # few (batch, head) pairs: smaller blocks, so every thread has work
+    has_mask = key_mask is not None
+    mask = np.ascontiguousarray(key_mask, np.bool_) if has_mask else np.ones((1, 1), np.bool_)
+    out = np.empty((b, lq, hd), _F32)
+    kern["attention"](q, pk, pv, mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, out)
+    return out
