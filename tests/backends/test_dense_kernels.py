@@ -38,6 +38,19 @@ def test_linear_matches_torch(m, k, o, bias, res):
     _close(out, ref.numpy())
 
 
+@pytest.mark.parametrize("outs", [(64, 64, 32), (40, 33, 7)])
+def test_stacked_weights_are_one_linear(outs):
+    """q, k, v side by side: panel-aligned (packed in place) or not (stacked first)."""
+    x = _f32(21, 48)
+    ws = [_f32(o, 48) for o in outs]
+    bias = _f32(sum(outs))
+    shape = D.packed_shape(sum(outs), 48)
+    out = np.full((21, sum(outs)), np.nan, np.float32)
+    w = D.pack(*ws, out=None if shape is None else np.empty(shape, np.float32))
+    assert D.linear(x, w, bias, out=out) is out
+    _close(out, x @ np.concatenate(ws).T + bias)
+
+
 @pytest.mark.parametrize(
     "b,c,n,o,k,stride,pad",
     [
@@ -90,7 +103,21 @@ def test_without_numba_the_references_run_in_a_fresh_process():
         "t.test_conv1d_channels_last_matches_torch(2, 13, 31, 40, 3, 2, 1)\n"
         "t.test_layer_norm_matches_torch(45, 384)\n"
         "t.test_gelu_in_place_matches_torch(True)\n"
+        "t.test_stacked_weights_are_one_linear((40, 33, 7))\n"
     )
     env = {**os.environ, "EMBER_NO_NUMBA": "1"}
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
+
+
+def test_workspace_reuses_by_name_and_shape():
+    from ember.backends.cpu.kernels.workspace import Workspace
+
+    ws = Workspace(max_buffers=3)
+    a = ws("a", (4, 5))
+    assert ws("a", (4, 5)) is a and ws("a", (4, 5), np.float64) is not a
+    assert ws("a", (5, 4)).shape == (5, 4)
+    ws("b", (1,))
+    ws("c", (1,))
+    ws("d", (2,))  # a fourth name: the workspace starts over
+    assert ws.nbytes() == 8

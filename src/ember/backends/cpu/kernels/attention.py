@@ -97,81 +97,94 @@ def _pack_kv_py(k, v, num_heads, pk, pv):  # pragma: no cover - compiled
     for task in prange(nb * num_heads):
         b, h = task // num_heads, task % num_heads
         c0 = h * d
-        for j in range(pk.shape[2]):
-            blk = pk[b, h, j]
-            for c in range(nr):
-                t = j * nr + c
-                if t < s_len:
-                    for e in range(d):
-                        blk[e, c] = k[b, t, c0 + e]
-                else:
-                    for e in range(d):
-                        blk[e, c] = 0.0
+        for j in range(pk.shape[2]):  # rows of the panel outermost: contiguous writes
+            blk, kj = pk[b, h, j], k[b, j * nr :]
+            n = min(nr, s_len - j * nr)
+            for e in range(d):
+                dst = blk[e]
+                for c in range(n):
+                    dst[c] = kj[c, c0 + e]
+                for c in range(n, nr):
+                    dst[c] = 0.0
         for p in range(pv.shape[2]):
             blk = pv[b, h, p]
+            e0 = c0 + p * nr
+            n = min(nr, d - p * nr)
             for t in range(s_len):
-                for c in range(nr):
-                    e = p * nr + c
-                    blk[t, c] = v[b, t, c0 + e] if e < d else np.float32(0.0)
+                row, dst = v[b, t], blk[t]
+                for c in range(n):
+                    dst[c] = row[e0 + c]
+                for c in range(n, nr):
+                    dst[c] = 0.0
 
 
-def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, out):  # noqa: E501  # pragma: no cover - compiled
-    """One task per (batch, head, block of query rows): scores, softmax, P V (see module doc)."""
+def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, work, out):  # noqa: E501  # pragma: no cover - compiled
+    """Tasks (batch, head, block of query rows): scores, softmax, P V (see the module doc).
+
+    Worker w of ``len(work)`` takes a contiguous run of tasks (the same heads stay in its cache)
+    and works in ``work[w]``: the block's scores, then the row offsets of its queries and of its
+    score rows, then 1 / sum per row. Scratch comes from the caller: the microkernels get raw
+    addresses, and numba may free an array it allocated here once no Python-level use is left.
+    """
     nb, lq, hd = q.shape
     d = hd // num_heads
     nr = pk.shape[4]
     lds = pk.shape[2] * nr  # score row stride: the keys rounded up to whole panels
     nblk = (lq + rows - 1) // rows
-    i8 = np.int64
+    ntasks = nb * num_heads * nblk
+    workers = work.shape[0]
     qs0, qs1 = q.strides[0] // 4, q.strides[1] // 4  # q may be a strided view (column slice)
     os0, os1 = out.strides[0] // 4, out.strides[1] // 4
-    zero = np.zeros(1, i8)
     ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
-    for task in prange(nb * num_heads * nblk):
-        b = task // (num_heads * nblk)
-        h = (task // nblk) % num_heads
-        r0 = (task % nblk) * rows
-        m = min(rows, lq - r0)
-        sc = np.empty((rows, lds), np.float32)
-        roq = np.empty(rows, i8)
-        ros = np.empty(rows, i8)
-        inv = np.empty(rows, np.float32)
-        for r in range(m):
-            roq[r] = b * qs0 + (r0 + r) * qs1 + h * d
-            ros[r] = r * lds
-        qa, sa, za, oa = q.ctypes.data, sc.ctypes.data, zero.ctypes.data, out.ctypes.data
-        # 1. scores: the block's query rows times each panel of K^T (D deep)
-        for j in range(pk.shape[2]):
-            ba = pk[b, h, j].ctypes.data
-            nc = min(nr, s_len - j * nr)
-            for p in range(0, m, mr):
-                args = (qa, roq.ctypes.data + p * 8, za, 1, d, ba, sa + (p * lds + j * nr) * 4)
-                _micro(min(mr, m - p), args + (lds, nc, oa, oa, 0, ninf, pinf, 0, 0))
-        # 2. softmax numerators in place, 1 / denominators aside
-        for r in range(m):
-            s = sc[r]
-            if has_mask:
-                mx = _masked_max(s, mask[b], s_len)
-                if mx == ninf:  # no key to attend to: zeros, as the reference
-                    for e in range(s_len):
-                        s[e] = 0.0
-                    inv[r] = 0.0
-                    continue
-                inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
-            else:
-                inv[r] = np.float32(1.0) / _exp_sum(s, s_len, _row_max(s, s_len), scale)
-        # 3. out = P V (S deep), written in place, then scaled row by row
-        for pp in range(pv.shape[2]):
-            ba = pv[b, h, pp].ctypes.data
-            nc = min(nr, d - pp * nr)
-            for p in range(0, m, mr):
-                c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
-                args = (sa, ros.ctypes.data + p * 8, za, 1, s_len, ba, c, os1, nc)
-                _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
-        for r in range(m):
-            o = out[b, r0 + r]
-            for e in range(h * d, (h + 1) * d):
-                o[e] *= inv[r]
+    for w in prange(workers):
+        ws = work[w]
+        sc = ws[: rows * lds].reshape((rows, lds))
+        offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
+        inv = ws[rows * lds + 4 * rows : rows * lds + 5 * rows]
+        qa, sa, oa = q.ctypes.data, sc.ctypes.data, out.ctypes.data
+        roq, ros = offs.ctypes.data, offs.ctypes.data + rows * 8
+        for r in range(rows):
+            offs[rows + r] = r * lds
+        for task in range(w * ntasks // workers, (w + 1) * ntasks // workers):
+            b = task // (num_heads * nblk)
+            h = (task // nblk) % num_heads
+            r0 = (task % nblk) * rows
+            m = min(rows, lq - r0)
+            for r in range(m):
+                offs[r] = b * qs0 + (r0 + r) * qs1 + h * d
+            # 1. scores: the block's query rows times each panel of K^T (D deep); the tap
+            # offset the microkernel adds to each row is offs[rows] = 0
+            for j in range(pk.shape[2]):
+                ba = pk[b, h, j].ctypes.data
+                nc = min(nr, s_len - j * nr)
+                for p in range(0, m, mr):
+                    args = (qa, roq + p * 8, ros, 1, d, ba, sa + (p * lds + j * nr) * 4, lds, nc)
+                    _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
+            # 2. softmax numerators in place, 1 / denominators aside
+            for r in range(m):
+                s = sc[r]
+                if has_mask:
+                    mx = _masked_max(s, mask[b], s_len)
+                    if mx == ninf:  # no key to attend to: zeros, as the reference
+                        for e in range(s_len):
+                            s[e] = 0.0
+                        inv[r] = 0.0
+                        continue
+                    inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
+                else:
+                    inv[r] = np.float32(1.0) / _exp_sum(s, s_len, _row_max(s, s_len), scale)
+            # 3. out = P V (S deep), written in place, then scaled row by row
+            for pp in range(pv.shape[2]):
+                ba = pv[b, h, pp].ctypes.data
+                nc = min(nr, d - pp * nr)
+                for p in range(0, m, mr):
+                    c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
+                    args = (sa, ros + p * 8, ros, 1, s_len, ba, c, os1, nc)
+                    _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
+            for r in range(m):
+                o = out[b, r0 + r]
+                for e in range(h * d, (h + 1) * d):
+                    o[e] *= inv[r]
 
 
 def _row_max_py(s, n):  # pragma: no cover - compiled
@@ -253,12 +266,15 @@ def _kernels() -> dict:
     return _K
 
 
-def attention(q, k, v, num_heads: int, scale: float | None = None, key_mask=None) -> np.ndarray:
+def attention(
+    q, k, v, num_heads: int, scale: float | None = None, key_mask=None, out=None
+) -> np.ndarray:
     """softmax(q k^T * scale) v per head (non-causal); (B, L, H*D), (B, S, H*D) -> (B, L, H*D).
 
     q, k, v: float32 with the last axis contiguous (views such as column slices of a fused qkv
     matrix are read in place). scale defaults to 1/sqrt(D). key_mask: bool (B, S), True = a key
-    to attend to, or None; a query with no key to attend to gets zeros.
+    to attend to, or None; a query with no key to attend to gets zeros. out: a contiguous
+    (B, L, H*D) float32 array to write into (default: a new one).
     """
     b, lq, hd = q.shape
     s_len = k.shape[1]
@@ -266,12 +282,18 @@ def attention(q, k, v, num_heads: int, scale: float | None = None, key_mask=None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kern = _kernels()
     if not kern or lq == 0 or s_len == 0 or not all(a.strides[-1] == 4 for a in (q, k, v)):
-        return attention_reference(q, k, v, num_heads, scale, key_mask)
+        y = attention_reference(q, k, v, num_heads, scale, key_mask)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+    from ember.backends.cpu.kernels import workspace
     from ember.threads import get_num_threads
 
+    ws = workspace.local()  # internal buffers: the same memory from call to call
     mr, nr = kern["mr"], kern["nr"]
-    pk = np.empty((b, num_heads, -(-s_len // nr), d, nr), _F32)
-    pv = np.empty((b, num_heads, -(-d // nr), s_len, nr), _F32)
+    pk = ws("attention.k", (b, num_heads, -(-s_len // nr), d, nr))
+    pv = ws("attention.v", (b, num_heads, -(-d // nr), s_len, nr))
     kern["pack"](k, v, num_heads, pk, pv)
     rows = max(mr, min(8 * mr, SCORE_BLOCK_BYTES // (4 * s_len) // mr * mr))
     threads = get_num_threads()
@@ -279,6 +301,12 @@ def attention(q, k, v, num_heads: int, scale: float | None = None, key_mask=None
         rows -= mr  # few (batch, head) pairs: smaller blocks, so every thread has work
     has_mask = key_mask is not None
     mask = np.ascontiguousarray(key_mask, np.bool_) if has_mask else np.ones((1, 1), np.bool_)
-    out = np.empty((b, lq, hd), _F32)
-    kern["attention"](q, pk, pv, mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, out)
+    workers = max(1, min(threads, b * num_heads * -(-lq // rows)))
+    work = ws("attention.work", (workers, rows * pk.shape[2] * nr + 5 * rows))  # _attention_py
+    if out is None:
+        out = np.empty((b, lq, hd), _F32)
+    elif out.shape != (b, lq, hd) or out.dtype != _F32 or not out.flags.c_contiguous:
+        raise ValueError(f"attention: out must be a contiguous float32 {(b, lq, hd)} array")
+    args = (mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, work, out)
+    kern["attention"](q, pk, pv, *args)
     return out

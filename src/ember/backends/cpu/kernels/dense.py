@@ -33,8 +33,9 @@ _K: dict | None = None
 class Packed:
     """A weight ready for the GEMM: sgemm panels, or the (taps * in, out) matrix for numpy."""
 
-    def __init__(self, w3: np.ndarray, panels: np.ndarray | None) -> None:
-        self.out_features, self.taps, self.in_features = w3.shape
+    def __init__(self, w3, panels: np.ndarray | None) -> None:
+        """w3: the (out, taps, in) weight (only its shape when panels are given)."""
+        self.out_features, self.taps, self.in_features = w3 if panels is not None else w3.shape
         self.panels = panels
         self.matrix = None if panels is not None else _matrix(w3)
 
@@ -75,17 +76,16 @@ def _build() -> dict:
 
     def pack(w3, nr, out):  # pragma: no cover - compiled
         o, taps, c = w3.shape
-        for p in prange(out.shape[0]):
-            blk = out[p]
-            for j in range(nr):
-                n = p * nr + j
-                if n < o:
-                    for t in range(taps):
-                        for k in range(c):
-                            blk[t * c + k, j] = w3[n, t, k]
-                else:
-                    for r in range(taps * c):
-                        blk[r, j] = 0.0
+        for p in prange(out.shape[0]):  # panel rows outermost: contiguous writes
+            blk, wp = out[p], w3[p * nr :]
+            n = min(nr, o - p * nr)
+            for t in range(taps):
+                for k in range(c):
+                    dst = blk[t * c + k]
+                    for j in range(n):
+                        dst[j] = wp[j, t, k]
+                    for j in range(n, nr):
+                        dst[j] = 0.0
 
     def layer_norm(x, w, b, eps, out):  # pragma: no cover - compiled
         n, f = x.shape
@@ -131,18 +131,39 @@ def _kernel(name: str):
 
 
 # ------------------------------------------------------------------ entry points
-def pack(weight: np.ndarray) -> Packed:
-    """A linear weight (out, in) or a conv1d weight (out, in, k), packed for linear/conv1d."""
+def packed_shape(out_features: int, depth: int) -> tuple[int, int, int] | None:
+    """Shape of the panels ``pack`` makes for a (out_features, depth) weight; None: no panels."""
     from ember.backends.cpu.kernels import sgemm as G
 
-    w3 = weight[:, None, :] if weight.ndim == 2 else weight.transpose(0, 2, 1)  # (out, taps, in)
-    nr, k = G.panel_width(), _kernel("pack")
-    if nr is None or k is None:
-        return Packed(w3, None)
-    o, t, c = w3.shape
-    panels = np.empty((-(-o // nr), t * c, nr), _F32)
-    k(w3 if w3.dtype == _F32 else w3.astype(_F32), nr, panels)
-    return Packed(w3, panels)
+    nr = G.panel_width()
+    if nr is None or _kernel("pack") is None:
+        return None
+    return (-(-out_features // nr), depth, nr)
+
+
+def pack(*weights: np.ndarray, out: np.ndarray | None = None) -> Packed:
+    """Linear weights (out, in), or conv1d weights (out, in, k), packed for linear/conv1d.
+
+    Several weights of the same input size are stacked along their outputs (q, k and v
+    projections become one GEMM). out: a ``packed_shape`` float32 array to pack into.
+    """
+    w3s = [w[:, None, :] if w.ndim == 2 else w.transpose(0, 2, 1) for w in weights]
+    w3s = [w if w.dtype == _F32 else w.astype(_F32) for w in w3s]  # (out, taps, in) views
+    o = sum(w.shape[0] for w in w3s)
+    _, t, c = w3s[0].shape
+    shape = packed_shape(o, t * c)
+    if shape is None:
+        return Packed(np.concatenate(w3s) if len(w3s) > 1 else w3s[0], None)
+    nr = shape[2]
+    if len(w3s) > 1 and any(w.shape[0] % nr for w in w3s[:-1]):
+        w3s = [np.concatenate(w3s)]  # a weight would straddle a panel: stack first
+    panels = np.empty(shape, _F32) if out is None else out
+    p0 = 0
+    for w in w3s:
+        p1 = p0 + -(-w.shape[0] // nr)
+        _kernel("pack")(w, nr, panels[p0:p1])
+        p0 = p1
+    return Packed((o, t, c), panels)
 
 
 def _gemm(a, rowoff, tapoff, w: Packed, bias, residual, out) -> np.ndarray:
@@ -154,42 +175,58 @@ def _gemm(a, rowoff, tapoff, w: Packed, bias, residual, out) -> np.ndarray:
     return G.gemm(a, rowoff, tapoff, w.in_features, w.panels, b, residual, 0, out)
 
 
-def linear(x: np.ndarray, w: Packed, bias=None, residual=None) -> np.ndarray:
-    """x (M, in) @ W^T + bias (+ residual (M, out)) as a new (M, out) float32 array."""
+def _out(out: np.ndarray | None, shape: tuple) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, _F32)
+    if out.shape != shape or out.dtype != _F32 or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a contiguous float32 {shape} array, got {out.shape}")
+    return out
+
+
+def linear(x: np.ndarray, w: Packed, bias=None, residual=None, out=None) -> np.ndarray:
+    """x (M, in) @ W^T + bias (+ residual (M, out)); out must not overlap x or residual."""
     x = np.ascontiguousarray(x, _F32)
     m = x.shape[0]
-    out = np.empty((m, w.out_features), _F32)
+    out = _out(out, (m, w.out_features))
     if residual is not None:
         residual = np.ascontiguousarray(residual, _F32)
     rowoff = np.arange(m, dtype=_I64) * w.in_features
     return _gemm(x.reshape(-1), rowoff, np.zeros(1, _I64), w, bias, residual, out)
 
 
-def conv1d(x: np.ndarray, w: Packed, bias=None, stride: int = 1, padding: int = 0) -> np.ndarray:
+def conv1d(x, w: Packed, bias=None, stride: int = 1, padding: int = 0, out=None) -> np.ndarray:
     """Channels-last conv1d: x (B, L, C) -> (B, L_out, out), zero padding on both sides."""
+    from ember.backends.cpu.kernels import workspace
+
     nb, n, c = x.shape
     if c != w.in_features:
         raise ValueError(f"conv1d: weight expects {w.in_features} channels, x has {c}")
     lp = n + 2 * padding
-    xp = np.zeros((nb, lp, c), _F32)
+    xp = workspace.local()("conv1d.padded", (nb, lp, c))
+    xp[:, :padding] = 0.0
+    xp[:, padding + n :] = 0.0
     xp[:, padding : padding + n] = x
     lout = (lp - w.taps) // stride + 1
     b, t = np.ix_(np.arange(nb, dtype=_I64), np.arange(lout, dtype=_I64))
     rowoff = ((b * lp + t * stride) * c).reshape(-1)
     tapoff = np.arange(w.taps, dtype=_I64) * c
-    out = np.empty((nb * lout, w.out_features), _F32)
-    return _gemm(xp.reshape(-1), rowoff, tapoff, w, bias, None, out).reshape(nb, lout, -1)
+    y = _out(None if out is None else out.reshape(nb * lout, -1), (nb * lout, w.out_features))
+    return _gemm(xp.reshape(-1), rowoff, tapoff, w, bias, None, y).reshape(nb, lout, -1)
 
 
-def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
-    """Layer norm over the last axis of a 2-D float32 array; a new array."""
+def layer_norm(x: np.ndarray, weight, bias, eps: float, out=None) -> np.ndarray:
+    """Layer norm over the last axis of a 2-D float32 array (into out, or a new array)."""
     k = _kernel("layer_norm")
     if k is None:
-        return layer_norm_reference(x, weight, bias, eps)
+        y = layer_norm_reference(x, weight, bias, eps)
+        if out is None:
+            return y
+        out[...] = y
+        return out
     f = x.shape[1]
     w = np.ones(f, _F32) if weight is None else weight
     b = np.zeros(f, _F32) if bias is None else bias
-    out = np.empty(x.shape, _F32)
+    out = _out(out, x.shape)
     k(np.ascontiguousarray(x, _F32), w, b, _F32(eps), out)
     return out
 
