@@ -105,3 +105,26 @@ def test_pack_weight_layout():
     np.testing.assert_array_equal(p[0], w2[:, :4])
     np.testing.assert_array_equal(p[1, :, 0], w2[:, 4])
     assert not p[1, :, 1:].any()
+
+
+def test_bad_operands_are_refused_before_any_pointer_is_followed():
+    a = np.zeros(20, np.float32)
+    rows, tap = np.arange(4, dtype=np.int64) * 4, np.zeros(1, np.int64)
+    packed, bias = G.pack_weight(np.ones((4, 3), np.float32), NR), np.zeros(3, np.float32)
+    out = np.empty((4, 3), np.float32)
+    G.gemm(a, rows, tap, 4, packed, bias, None, 0, out)  # fits
+    bad = [
+        dict(a=np.zeros(15, np.float32)),  # the last row runs past the input
+        dict(rows=rows - 1),  # negative offset
+        dict(a=np.zeros(20, np.float64)),
+        dict(rows=rows.astype(np.int32)),
+        dict(out=np.empty((4, 40), np.float32)),  # wider than the weight
+        dict(out=np.empty((5, 3), np.float32)),  # more rows than offsets
+        dict(res=np.zeros((4, 2), np.float32)),
+        dict(kc=5),
+        dict(out=np.empty((3, 4), np.float32).T),  # not contiguous
+    ]
+    for case in bad:
+        kw = dict(a=a, rows=rows, kc=4, out=out, res=None) | case
+        with pytest.raises((ember.errors.ShapeError, ember.errors.DTypeError)):
+            G.gemm(kw["a"], kw["rows"], tap, kw["kc"], packed, bias, kw["res"], 0, kw["out"])

@@ -38,6 +38,7 @@ import os
 import numpy as np
 
 from ember.backends.cpu.kernels import numba_or_none
+from ember.errors import DTypeError, ShapeError
 
 _STATE: dict = {}
 MR_MAX = 12  # microkernels are built for 1..MR_MAX rows; the ISA's MR may be smaller
@@ -372,6 +373,26 @@ def panel_width() -> int | None:
     return st["nr"] if st["isa"] is not None else None
 
 
+def _check(a, rowoff, tapoff, kc, packed, bias, res, out, nr) -> None:
+    """The kernels follow raw pointers: refuse anything that would take them out of bounds."""
+    arrays = {"a": a, "packed": packed, "bias": bias, "out": out, "res": res}
+    for name, x in arrays.items():
+        if x is not None and (x.dtype != np.float32 or not x.flags.c_contiguous):
+            raise DTypeError(f"sgemm: {name} must be C-contiguous float32, got {x.dtype}")
+    for name, x in (("rowoff", rowoff), ("tapoff", tapoff)):
+        if x.dtype != np.int64 or x.ndim != 1 or not x.flags.c_contiguous:
+            raise DTypeError(f"sgemm: {name} must be a contiguous 1-D int64 array")
+    m, o = out.shape
+    if packed.ndim != 3 or packed.shape[2] != nr or packed.shape[1] != len(tapoff) * kc:
+        raise ShapeError(f"sgemm: packed {packed.shape} is not ({len(tapoff)}*{kc} rows, {nr})")
+    if packed.shape[0] * nr < o or bias.size < o or len(rowoff) != m or len(tapoff) == 0:
+        raise ShapeError(f"sgemm: out {out.shape} does not fit the weight, bias or row offsets")
+    if res is not None and res.shape != out.shape:
+        raise ShapeError(f"sgemm: residual {res.shape} is not the output's {out.shape}")
+    if m and (rowoff.min() + tapoff.min() < 0 or rowoff.max() + tapoff.max() + kc > a.size):
+        raise ShapeError(f"sgemm: offsets reach outside the input ({a.size} floats)")
+
+
 CHUNK_PIXELS = 512  # a task's pixels are swept in chunks whose input stays in L2 across panels
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
@@ -387,6 +408,7 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out) -> np.ndarray:
     st = _state()
     m, o = out.shape
     threads = max(1, get_num_threads())
+    _check(a, rowoff, tapoff, kc, packed, bias, res, out, st["nr"])
     if m == 0:
         return out
     panels, mr = packed.shape[0], st["mr"]
