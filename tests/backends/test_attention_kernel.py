@@ -122,3 +122,40 @@ def test_reference_runs_without_microkernels_in_a_fresh_process():
     env = {**os.environ, "EMBER_SGEMM_ISA": "none"}
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 100, 1500])
+def test_softmax_row_ir_matches_numpy(n):
+    from ember.backends.cpu.kernels import vecmath
+
+    if vecmath.symbols() is None:
+        raise AssertionError("no vecmath row kernels: the CI machines have AVX2+FMA")
+    A._kernels()
+    row = A._softmax_row  # numba wrapper around ember_softmax_row
+    s = (RNG.standard_normal(n + 3) * 20).astype(np.float32)
+    s[n:] = 123.0  # past n: never read or written
+    ref = s.copy()
+    tot_ref = vecmath.softmax_row_reference(ref, n, 0.3)
+    got = s.copy()
+    tot = _call_row(row, got, n, 0.3)
+    # (s - max) * scale is rounded to float32 first (as torch does): ~1 ulp of the argument
+    np.testing.assert_allclose(got[:n], ref[:n], rtol=3e-6, atol=1e-7)
+    assert np.all(got[n:] == 123.0)
+    assert abs(tot - tot_ref) <= 1e-6 * tot_ref
+
+
+def _call_row(row, s, n, scale):
+    import numba
+
+    @numba.njit
+    def call(s, n, scale):
+        return row(s, n, scale)
+
+    return call(s, n, np.float32(scale))
+
+
+def test_softmax_row_ir_keeps_nan():
+    A._kernels()
+    s = np.array([1.0, np.nan, 2.0] + [0.5] * 20, np.float32)
+    _call_row(A._softmax_row, s, len(s), 1.0)
+    assert np.isnan(s[1])

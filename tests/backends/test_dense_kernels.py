@@ -94,6 +94,33 @@ def test_gelu_in_place_matches_torch(with_add):
     _close(D.gelu_reference(x, add), ref, 2e-6)
 
 
+def test_gelu_keeps_nan_and_saturates():
+    x = np.array([[np.nan, -np.inf, np.inf, -30.0, 30.0, 0.0, -1e-30]], np.float32)
+    y = D.gelu_(x.copy())
+    with np.errstate(invalid="ignore"):
+        ref = D.gelu_reference(x)  # gelu(inf) = inf (torch says nan), gelu(-inf) = nan
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_array_equal(y[:, 2], ref[:, 2])
+    torch_ref = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(y[:, 3:], torch_ref[:, 3:], atol=1e-30)
+
+
+def test_avx2_row_kernels_in_a_fresh_process():
+    """8-wide vecmath rows and NR = 16 panels (an AVX2-only CPU), forced by EMBER_SGEMM_ISA."""
+    code = (
+        "from tests.backends import test_dense_kernels as t\n"
+        "from ember.backends.cpu.kernels import vecmath\n"
+        "assert vecmath.symbols()['width'] == 8\n"
+        "t.test_linear_matches_torch(37, 40, 100, True, True)\n"
+        "t.test_stacked_weights_are_one_linear((40, 33, 7))\n"
+        "t.test_gelu_in_place_matches_torch(True)\n"
+        "t.test_gelu_keeps_nan_and_saturates()\n"
+    )
+    env = {**os.environ, "EMBER_SGEMM_ISA": "avx2"}
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
+
+
 def test_without_numba_the_references_run_in_a_fresh_process():
     code = (
         "from tests.backends import test_dense_kernels as t\n"

@@ -172,7 +172,7 @@ def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, 
                         continue
                     inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
                 else:
-                    inv[r] = np.float32(1.0) / _exp_sum(s, s_len, _row_max(s, s_len), scale)
+                    inv[r] = np.float32(1.0) / _softmax_row(s, s_len, scale)
             # 3. out = P V (S deep), written in place, then scaled row by row
             for pp in range(pv.shape[2]):
                 ba = pv[b, h, pp].ctypes.data
@@ -187,28 +187,9 @@ def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, 
                     o[e] *= inv[r]
 
 
-def _row_max_py(s, n):  # pragma: no cover - compiled
-    """max of s[:n]: eight running maxima (a single one is a serial chain numba won't vectorize)."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = s[0]
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        m0, m1, m2, m3 = max(m0, s[j]), max(m1, s[j + 1]), max(m2, s[j + 2]), max(m3, s[j + 3])
-        m4, m5, m6, m7 = max(m4, s[j + 4]), max(m5, s[j + 5]), max(m6, s[j + 6]), max(m7, s[j + 7])
-    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-    for j in range(n8, n):
-        m = max(m, s[j])
-    return m
-
-
-def _exp_sum_py(s, n, mx, scale):  # pragma: no cover - compiled
-    """s[:n] <- exp((s - mx) * scale); returns the sum."""
-    ms = mx * scale
-    tot = np.float32(0.0)
-    for j in range(n):
-        e = _expf(s[j] * scale - ms)
-        s[j] = e
-        tot += e
-    return tot
+def _softmax_row_py(s, n, scale):  # pragma: no cover - compiled
+    """s[:n] <- exp((s - max) * scale); returns the sum (vecmath's full-width IR loop)."""
+    return _softmax_ext(s.ctypes.data, n, scale)
 
 
 def _masked_max_py(s, ok, n):  # pragma: no cover - compiled
@@ -232,23 +213,26 @@ def _masked_exp_py(s, ok, n, mx, scale):  # pragma: no cover - compiled
 
 
 prange = range
-_expf = _row_max = _exp_sum = _masked_max = _masked_exp = None
+_expf = _softmax_ext = _softmax_row = _masked_max = _masked_exp = None
 
 
 def _build() -> dict:
     """Compile (or load from numba's cache) the kernels; {} without numba or microkernels."""
     from ember.backends.cpu.kernels import sgemm as G
+    from ember.backends.cpu.kernels import vecmath
 
     nb = numba_or_none()
-    if nb is None or G.panel_width() is None:
+    if nb is None or G.panel_width() is None or vecmath.symbols() is None:
         return {}
     st = G._state()  # the microkernels are compiled and their symbols registered by now
     g = globals()
+    sig = nb.types.float32(nb.types.int64, nb.types.int64, nb.types.float32)
+    g["_softmax_ext"] = nb.types.ExternalFunction("ember_softmax_row", sig)
     # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")
     g.update(_micro=G._micro, prange=nb.prange, _expf=nb.njit(**inline)(expf))
-    for name in ("_row_max", "_exp_sum", "_masked_max", "_masked_exp"):
+    for name in ("_softmax_row", "_masked_max", "_masked_exp"):
         g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
     par = dict(cache=True, nogil=True, parallel=True)
     return {

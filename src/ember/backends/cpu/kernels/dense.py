@@ -28,6 +28,7 @@ _F32 = np.float32
 _I64 = np.int64
 _RSQRT2 = _F32(0.7071067811865476)
 _K: dict | None = None
+prange = range  # numba.prange once _build runs
 
 
 class Packed:
@@ -71,6 +72,7 @@ def _build() -> dict:
     if nb is None:
         return {}
     njit, prange = nb.njit, nb.prange
+    globals()["prange"] = prange
     erf32 = erf_f32_jit()
     half, one, rsqrt2 = _F32(0.5), _F32(1.0), _RSQRT2
 
@@ -115,11 +117,32 @@ def _build() -> dict:
 
     fm = {"reassoc", "contract", "arcp", "nsz"}  # the row sums vectorize
     opts = dict(cache=True, nogil=True, parallel=True)
-    return {
+    kernels = {
         "pack": njit(**opts)(pack),
         "layer_norm": njit(fastmath=fm, **opts)(layer_norm),
         "gelu": njit(**opts)(gelu),
     }
+    from ember.backends.cpu.kernels import vecmath
+
+    if vecmath.symbols() is not None:  # rows at the full vector width (see vecmath)
+        i8 = nb.types.int64
+        globals()["_gelu_row"] = nb.types.ExternalFunction(
+            "ember_gelu_row", nb.types.void(i8, i8, i8, i8)
+        )
+        kernels["gelu_rows"] = njit(**opts)(_gelu_rows_py)
+    return kernels
+
+
+_gelu_row = None  # vecmath's ember_gelu_row, set by _build before compiling
+
+
+def _gelu_rows_py(x, add, has_add):  # pragma: no cover - compiled
+    """gelu (+ add) on the rows of a C-contiguous x, one vecmath row call each."""
+    n, f = x.shape
+    na = add.shape[0]
+    xa, aa = x.ctypes.data, add.ctypes.data
+    for r in prange(n):
+        _gelu_row(xa + r * f * 4, f, aa + (r % na) * f * 4, has_add)
 
 
 def _kernel(name: str):
@@ -238,5 +261,10 @@ def gelu_(x: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
         x[...] = gelu_reference(x, add)
         return x
     has = add is not None
-    k(x, np.ascontiguousarray(add, _F32) if has else np.zeros((1, x.shape[1]), _F32), has)
+    a = np.ascontiguousarray(add, _F32) if has else np.zeros((1, x.shape[1]), _F32)
+    rows = _kernel("gelu_rows")
+    if rows is not None and x.flags.c_contiguous:
+        rows(x, a, int(has))
+    else:
+        k(x, a, has)
     return x
