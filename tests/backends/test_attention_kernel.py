@@ -159,3 +159,19 @@ def test_softmax_row_ir_keeps_nan():
     s = np.array([1.0, np.nan, 2.0] + [0.5] * 20, np.float32)
     _call_row(A._softmax_row, s, len(s), 1.0)
     assert np.isnan(s[1])
+
+
+def test_bad_shapes_and_dtypes_are_refused():
+    from ember.errors import DTypeError, ShapeError
+
+    q, k, v = _qkv(2, 5, 7, 2, 8, False)
+    with pytest.raises(ShapeError):
+        A.attention(q, k, v[:, :6], 2)
+    with pytest.raises(ShapeError):
+        A.attention(q[:1], k, v, 2)
+    with pytest.raises(ShapeError):
+        A.attention(q, k, v, 3)
+    with pytest.raises(ShapeError):
+        A.attention(q, k, v, 2, key_mask=np.ones((2, 6), bool))
+    with pytest.raises(DTypeError):
+        A.attention(q.astype(np.float64), k, v, 2)

@@ -34,6 +34,7 @@ import math
 import numpy as np
 
 from ember.backends.cpu.kernels import numba_or_none
+from ember.errors import DTypeError, ShapeError
 
 _F32 = np.float32
 _K: dict | None = None
@@ -250,6 +251,24 @@ def _kernels() -> dict:
     return _K
 
 
+def _check(q, k, v, num_heads: int, key_mask) -> None:
+    """The kernel follows raw pointers: refuse shapes that would take it out of bounds."""
+    same = q.ndim == k.ndim == 3 and k.shape == v.shape
+    if not same or (q.shape[0], q.shape[2]) != (k.shape[0], k.shape[2]):
+        raise ShapeError(
+            f"attention: expected q (B, L, H*D) and k, v (B, S, H*D), got {q.shape}, "
+            f"{k.shape}, {v.shape}"
+        )
+    if num_heads < 1 or q.shape[2] % num_heads:
+        raise ShapeError(f"attention: {q.shape[2]} features are not {num_heads} equal heads")
+    if key_mask is not None and np.shape(key_mask) != k.shape[:2]:
+        raise ShapeError(f"attention: key_mask {np.shape(key_mask)} is not (B, S) = {k.shape[:2]}")
+    if any(a.dtype != _F32 for a in (q, k, v)):
+        raise DTypeError(
+            f"attention: float32 q, k, v expected, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+
+
 def attention(
     q, k, v, num_heads: int, scale: float | None = None, key_mask=None, out=None
 ) -> np.ndarray:
@@ -260,6 +279,7 @@ def attention(
     to attend to, or None; a query with no key to attend to gets zeros. out: a contiguous
     (B, L, H*D) float32 array to write into (default: a new one).
     """
+    _check(q, k, v, num_heads, key_mask)
     b, lq, hd = q.shape
     s_len = k.shape[1]
     d = hd // num_heads
