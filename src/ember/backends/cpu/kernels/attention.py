@@ -119,73 +119,84 @@ def _pack_kv_py(k, v, num_heads, pk, pv):  # pragma: no cover - compiled
                     dst[c] = 0.0
 
 
-def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, work, out):  # noqa: E501  # pragma: no cover - compiled
+def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, work, queue, out):  # noqa: E501  # pragma: no cover - compiled
     """Tasks (batch, head, block of query rows): scores, softmax, P V (see the module doc).
 
-    Worker w of ``len(work)`` takes a contiguous run of tasks (the same heads stay in its cache)
-    and works in ``work[w]``: the block's scores, then the row offsets of its queries and of its
-    score rows, then 1 / sum per row. Scratch comes from the caller: the microkernels get raw
-    addresses, and numba may free an array it allocated here once no Python-level use is left.
+    Each worker takes the next TASKS_PER_GRAB tasks (consecutive blocks of one head) from the
+    shared counter ``queue[0]`` until none are left, working in its scratch row ``work[w]``.
+    Scratch comes from the caller: the microkernels get raw addresses, and numba may free an
+    array it allocated here once no Python-level use is left.
     """
-    nb, lq, hd = q.shape
+    lq = q.shape[1]
+    ntasks = q.shape[0] * num_heads * ((lq + rows - 1) // rows)
+    for w in prange(work.shape[0]):
+        ws = work[w]
+        lds = pk.shape[2] * pk.shape[4]
+        offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
+        for r in range(rows):
+            offs[rows + r] = r * lds
+        while True:
+            t0 = _fetch_add(queue.ctypes.data, TASKS_PER_GRAB)
+            if t0 >= ntasks:
+                break
+            for task in range(t0, min(ntasks, t0 + TASKS_PER_GRAB)):
+                _task(task, q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, ws, out)
+
+
+def _task_py(task, q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, ws, out):  # noqa: E501  # pragma: no cover - compiled
+    """One (batch, head, block of query rows) task in the worker's scratch ws: the block's
+    scores (rows x lds floats), then the row offsets of its queries and of its score rows
+    (2 * rows int64, the second half filled by the caller), then 1 / sum per row."""
+    lq, hd = q.shape[1], q.shape[2]
     d = hd // num_heads
     nr = pk.shape[4]
     lds = pk.shape[2] * nr  # score row stride: the keys rounded up to whole panels
     nblk = (lq + rows - 1) // rows
-    ntasks = nb * num_heads * nblk
-    workers = work.shape[0]
+    b, h, r0 = task // (num_heads * nblk), (task // nblk) % num_heads, (task % nblk) * rows
+    m = min(rows, lq - r0)
     qs0, qs1 = q.strides[0] // 4, q.strides[1] // 4  # q may be a strided view (column slice)
     os0, os1 = out.strides[0] // 4, out.strides[1] // 4
     ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
-    for w in prange(workers):
-        ws = work[w]
-        sc = ws[: rows * lds].reshape((rows, lds))
-        offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
-        inv = ws[rows * lds + 4 * rows : rows * lds + 5 * rows]
-        qa, sa, oa = q.ctypes.data, sc.ctypes.data, out.ctypes.data
-        roq, ros = offs.ctypes.data, offs.ctypes.data + rows * 8
-        for r in range(rows):
-            offs[rows + r] = r * lds
-        for task in range(w * ntasks // workers, (w + 1) * ntasks // workers):
-            b = task // (num_heads * nblk)
-            h = (task // nblk) % num_heads
-            r0 = (task % nblk) * rows
-            m = min(rows, lq - r0)
-            for r in range(m):
-                offs[r] = b * qs0 + (r0 + r) * qs1 + h * d
-            # 1. scores: the block's query rows times each panel of K^T (D deep); the tap
-            # offset the microkernel adds to each row is offs[rows] = 0
-            for j in range(pk.shape[2]):
-                ba = pk[b, h, j].ctypes.data
-                nc = min(nr, s_len - j * nr)
-                for p in range(0, m, mr):
-                    args = (qa, roq + p * 8, ros, 1, d, ba, sa + (p * lds + j * nr) * 4, lds, nc)
-                    _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
-            # 2. softmax numerators in place, 1 / denominators aside
-            for r in range(m):
-                s = sc[r]
-                if has_mask:
-                    mx = _masked_max(s, mask[b], s_len)
-                    if mx == ninf:  # no key to attend to: zeros, as the reference
-                        for e in range(s_len):
-                            s[e] = 0.0
-                        inv[r] = 0.0
-                        continue
-                    inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
-                else:
-                    inv[r] = np.float32(1.0) / _softmax_row(s, s_len, scale)
-            # 3. out = P V (S deep), written in place, then scaled row by row
-            for pp in range(pv.shape[2]):
-                ba = pv[b, h, pp].ctypes.data
-                nc = min(nr, d - pp * nr)
-                for p in range(0, m, mr):
-                    c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
-                    args = (sa, ros + p * 8, ros, 1, s_len, ba, c, os1, nc)
-                    _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
-            for r in range(m):
-                o = out[b, r0 + r]
-                for e in range(h * d, (h + 1) * d):
-                    o[e] *= inv[r]
+    sc = ws[: rows * lds].reshape((rows, lds))
+    offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
+    inv = ws[rows * lds + 4 * rows : rows * lds + 5 * rows]
+    qa, sa, oa = q.ctypes.data, sc.ctypes.data, out.ctypes.data
+    roq, ros = offs.ctypes.data, offs.ctypes.data + rows * 8
+    for r in range(m):
+        offs[r] = b * qs0 + (r0 + r) * qs1 + h * d
+    # 1. scores: the block's query rows times each panel of K^T (D deep); the tap offset the
+    # microkernel adds to each row is offs[rows] = 0
+    for j in range(pk.shape[2]):
+        ba = pk[b, h, j].ctypes.data
+        nc = min(nr, s_len - j * nr)
+        for p in range(0, m, mr):
+            args = (qa, roq + p * 8, ros, 1, d, ba, sa + (p * lds + j * nr) * 4, lds, nc)
+            _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
+    # 2. softmax numerators in place, 1 / denominators aside
+    for r in range(m):
+        s = sc[r]
+        if has_mask:
+            mx = _masked_max(s, mask[b], s_len)
+            if mx == ninf:  # no key to attend to: zeros, as the reference
+                for e in range(s_len):
+                    s[e] = 0.0
+                inv[r] = 0.0
+                continue
+            inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
+        else:
+            inv[r] = np.float32(1.0) / _softmax_row(s, s_len, scale)
+    # 3. out = P V (S deep), written in place, then scaled row by row
+    for pp in range(pv.shape[2]):
+        ba = pv[b, h, pp].ctypes.data
+        nc = min(nr, d - pp * nr)
+        for p in range(0, m, mr):
+            c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
+            args = (sa, ros + p * 8, ros, 1, s_len, ba, c, os1, nc)
+            _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
+    for r in range(m):
+        o = out[b, r0 + r]
+        for e in range(h * d, (h + 1) * d):
+            o[e] *= inv[r]
 
 
 def _softmax_row_py(s, n, scale):  # pragma: no cover - compiled
@@ -214,7 +225,8 @@ def _masked_exp_py(s, ok, n, mx, scale):  # pragma: no cover - compiled
 
 
 prange = range
-_expf = _softmax_ext = _softmax_row = _masked_max = _masked_exp = None
+_expf = _softmax_ext = _softmax_row = _masked_max = _masked_exp = _fetch_add = _task = None
+TASKS_PER_GRAB = 2  # blocks a worker takes from the queue at a time (one head's, mostly)
 
 
 def _build() -> dict:
@@ -229,12 +241,15 @@ def _build() -> dict:
     g = globals()
     sig = nb.types.float32(nb.types.int64, nb.types.int64, nb.types.float32)
     g["_softmax_ext"] = nb.types.ExternalFunction("ember_softmax_row", sig)
+    i8 = nb.types.int64
+    g["_fetch_add"] = nb.types.ExternalFunction("ember_fetch_add", i8(i8, i8))
     # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")
     g.update(_micro=G._micro, prange=nb.prange, _expf=nb.njit(**inline)(expf))
     for name in ("_softmax_row", "_masked_max", "_masked_exp"):
         g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
+    g["_task"] = nb.njit(fastmath=fm, cache=True, nogil=True)(_task_py)
     par = dict(cache=True, nogil=True, parallel=True)
     return {
         "mr": st["mr"],
@@ -311,6 +326,7 @@ def attention(
         out = np.empty((b, lq, hd), _F32)
     elif out.shape != (b, lq, hd) or out.dtype != _F32 or not out.flags.c_contiguous:
         raise ValueError(f"attention: out must be a contiguous float32 {(b, lq, hd)} array")
-    args = (mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, work, out)
+    queue = np.zeros(1, np.int64)  # the next task (see _attention_py)
+    args = (mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, work, queue, out)
     kern["attention"](q, pk, pv, *args)
     return out
