@@ -12,7 +12,8 @@ process, interleaved repeat by repeat, with the same thread count:
   suppress_tokens, begin_suppress_tokens).
 
 The real-time factor is transcription time / audio length. Medians (and bests, which time spent
-preempted by other jobs inflates least) go to bench/RESULTS.md with the command.
+preempted by other jobs inflates least) go to bench/RESULTS.md with the command. Each timed call
+follows an untimed call of the same function (see ``interleaved``).
 
     .venv/bin/python bench/whisper.py [--threads 2] [--repeat 5] [--no-append]
 """
@@ -35,12 +36,19 @@ CLIP = os.path.join(ROOT, "tests", "models", "whisper", "hello.wav")
 
 
 def interleaved(fns: dict, repeat: int) -> dict:
-    """{name: [seconds]} timing each function once per round, rounds interleaved, one warm-up."""
+    """{name: [seconds]} timing each function once per round, rounds interleaved, one warm-up.
+
+    Each timed call follows an untimed call of the same function, so that it does not inherit
+    the previous function's threads still spinning: after numpy's multi-threaded BLAS (in
+    transformers' feature extractor) OpenBLAS's workers spin for ~0.1 s and took the cores
+    from ember's encoder timed next (~50 ms of a ~180 ms pass).
+    """
     for f in fns.values():
         f()
     times: dict = {k: [] for k in fns}
     for _ in range(repeat):
         for k, f in fns.items():
+            f()
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
