@@ -100,8 +100,11 @@ def main() -> None:
     from ember.models.whisper import load_wav, load_whisper, log_mel_spectrogram, transcribe
 
     transformers.logging.set_verbosity_error()
-    torch.set_num_threads(args.threads)
+    from ember.backends.cpu.kernels import numba_or_none
+
     ember.set_num_threads(args.threads)
+    numba_or_none()  # numba's OpenMP start resets the libgomp thread count torch shares: first
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model, tok = load_whisper()
     t_load = time.perf_counter() - t0
@@ -151,7 +154,8 @@ def main() -> None:
         f"ember: {ember_text!r}; transformers: {hf_text!r} "
         f"({'same' if ember_text == hf_text else 'different'} text).",
         "",
-        f"torch {torch.__version__}, transformers {transformers.__version__}.",
+        f"torch {torch.__version__}, transformers {transformers.__version__}; torch intra-op "
+        f"threads at the end: {torch.get_num_threads()}.",
         "",
         "| stage | ember ms | torch ms | torch / ember | ember RTF | torch RTF |",
         "|---|---:|---:|---:|---:|---:|",
