@@ -249,13 +249,15 @@ def _build() -> dict:
     g.update(_micro=G._micro, prange=nb.prange, _expf=nb.njit(**inline)(expf))
     for name in ("_softmax_row", "_masked_max", "_masked_exp"):
         g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
-    g["_task"] = nb.njit(fastmath=fm, cache=True, nogil=True)(_task_py)
+    # these two link sgemm's microkernels and vecmath's symbols: cache them under names keyed
+    # on those modules' source (vecmath.keyed)
+    g["_task"] = nb.njit(fastmath=fm, cache=True, nogil=True)(vecmath.keyed(_task_py, G, vecmath))
     par = dict(cache=True, nogil=True, parallel=True)
     return {
         "mr": st["mr"],
         "nr": st["nr"],
         "pack": nb.njit(**par)(_pack_kv_py),
-        "attention": nb.njit(fastmath=fm, **par)(_attention_py),
+        "attention": nb.njit(fastmath=fm, **par)(vecmath.keyed(_attention_py, G, vecmath)),
     }
 
 

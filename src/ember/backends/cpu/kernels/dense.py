@@ -129,7 +129,7 @@ def _build() -> dict:
         globals()["_gelu_row"] = nb.types.ExternalFunction(
             "ember_gelu_row", nb.types.void(i8, i8, i8, i8)
         )
-        kernels["gelu_rows"] = njit(**opts)(_gelu_rows_py)
+        kernels["gelu_rows"] = njit(**opts)(vecmath.keyed(_gelu_rows_py, vecmath))
     return kernels
 
 

@@ -298,6 +298,28 @@ def _module_ir(w: int) -> str:
     return "\n".join(decl + body)
 
 
+def keyed(fn, *modules):
+    """A copy of fn whose qualified name carries a digest of the modules' source files.
+
+    numba's on-disk cache is keyed on a function's own file: a kernel that calls another
+    module's compiled code or external symbols (sgemm's microkernels, the row kernels here)
+    would keep using a cached build made for their old signatures. Under the keyed name, a
+    change to those modules gives a new cache entry instead.
+    """
+    import types
+    import zlib
+    from pathlib import Path
+
+    digest = 0
+    for m in modules:
+        digest = zlib.crc32(Path(m.__file__).read_bytes(), digest)
+    g = types.FunctionType(
+        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    g.__qualname__ = f"{fn.__qualname__}_{digest:08x}"
+    return g
+
+
 def symbols() -> dict | None:
     """Compile the row kernels once (symbols registered for numba); None where unavailable."""
     if "ok" not in _STATE:
