@@ -20,6 +20,23 @@ ENV_RECORDED = (
 )  # fmt: skip
 
 
+def set_threads(threads: int) -> None:
+    """The same thread count for ember, numba and torch, numba's OpenMP layer started first.
+
+    numba's OpenMP layer shares libgomp with torch: starting it (ember does when its first kernel
+    loads) resets the process's OpenMP thread count, torch's included, to all cores. So numba is
+    started here, then torch's count is set; benches check it still holds at the end.
+    """
+    import torch
+
+    import ember
+    from ember.backends.cpu.kernels import numba_or_none
+
+    ember.set_num_threads(threads)
+    numba_or_none()
+    torch.set_num_threads(threads)
+
+
 def timeit(fn, repeat: int = 5, warmup: int = 1) -> float:
     """Median wall time of fn() in seconds."""
     for _ in range(warmup):

@@ -108,13 +108,12 @@ HEADER = [
 def setup(threads: int) -> dict:
     """Load both models with `threads` threads; the timed functions and facts about the inputs."""
     import torch
+    from _common import set_threads
     from sentence_transformers import SentenceTransformer as STorch
 
-    import ember
     from ember.models.sentence import SentenceTransformer, default_model_dir
 
-    torch.set_num_threads(threads)
-    ember.set_num_threads(threads)
+    set_threads(threads)
     d = str(default_model_dir())
     t0 = time.perf_counter()
     em = SentenceTransformer(d)

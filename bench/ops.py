@@ -149,7 +149,9 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
     ap.add_argument("--threads", type=int, default=THREADS, help="BLAS/torch threads on both sides")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    from _common import set_threads
+
+    set_threads(args.threads)
     rng = np.random.default_rng(0)
     lines = ["| op (best of rounds) | ember | torch | ember/torch |", "|---|---:|---:|---:|"]
     load0 = os.getloadavg()[0]

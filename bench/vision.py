@@ -34,26 +34,10 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 
-def set_threads(threads: int) -> None:
-    """The same thread count for ember, numba and torch, numba first.
-
-    numba's OpenMP layer shares libgomp with torch; launching it (ember does when its first kernel
-    loads) resets the process's OpenMP thread count, i.e. torch's, to all cores. So numba is
-    started here, then torch's count is set, and main() checks it still holds at the end.
-    """
-    import torch
-
-    import ember
-    from ember.backends.cpu.kernels import numba_or_none
-
-    ember.set_num_threads(threads)
-    numba_or_none()
-    torch.set_num_threads(threads)
-
-
 def build_engines(threads: int, size: int, batches: list[int]) -> dict:
     """name -> (callable(x_numpy) -> logits numpy) for every engine available."""
     import torch
+    from _common import set_threads
     from tests.models.vision import twins
 
     import ember
@@ -170,6 +154,7 @@ def resnet50_table(args) -> str:
 def zoo(args) -> str:
     """Each model of the zoo at batch 1: ember (fused where it applies) vs its torch twin."""
     import torch
+    from _common import set_threads
     from tests.models.vision import twins
 
     import ember

@@ -96,15 +96,12 @@ def main() -> None:
     import transformers
     from transformers import WhisperFeatureExtractor
 
-    import ember
     from ember.models.whisper import load_wav, load_whisper, log_mel_spectrogram, transcribe
 
     transformers.logging.set_verbosity_error()
-    from ember.backends.cpu.kernels import numba_or_none
+    from _common import set_threads
 
-    ember.set_num_threads(args.threads)
-    numba_or_none()  # numba's OpenMP start resets the libgomp thread count torch shares: first
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     t0 = time.perf_counter()
     model, tok = load_whisper()
     t_load = time.perf_counter() - t0
