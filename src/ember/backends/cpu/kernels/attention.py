@@ -235,9 +235,10 @@ def _build() -> dict:
     from ember.backends.cpu.kernels import vecmath
 
     nb = numba_or_none()
-    if nb is None or G.panel_width() is None or vecmath.symbols() is None:
+    micro = G.microkernel()
+    if nb is None or micro is None or vecmath.symbols() is None:
         return {}
-    st = G._state()  # the microkernels are compiled and their symbols registered by now
+    tile, mr, nr = micro  # the microkernels are compiled and their symbols registered by now
     g = globals()
     sig = nb.types.float32(nb.types.int64, nb.types.int64, nb.types.float32)
     g["_softmax_ext"] = nb.types.ExternalFunction("ember_softmax_row", sig)
@@ -246,7 +247,7 @@ def _build() -> dict:
     # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")
-    g.update(_micro=G._micro, prange=nb.prange, _expf=nb.njit(**inline)(expf))
+    g.update(_micro=tile, prange=nb.prange, _expf=nb.njit(**inline)(expf))
     for name in ("_softmax_row", "_masked_max", "_masked_exp"):
         g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
     # these two link sgemm's microkernels and vecmath's symbols: cache them under names keyed
@@ -254,8 +255,8 @@ def _build() -> dict:
     g["_task"] = nb.njit(fastmath=fm, cache=True, nogil=True)(vecmath.keyed(_task_py, G, vecmath))
     par = dict(cache=True, nogil=True, parallel=True)
     return {
-        "mr": st["mr"],
-        "nr": st["nr"],
+        "mr": mr,
+        "nr": nr,
         "pack": nb.njit(**par)(_pack_kv_py),
         "attention": nb.njit(fastmath=fm, **par)(vecmath.keyed(_attention_py, G, vecmath)),
     }

@@ -393,6 +393,17 @@ def _check(a, rowoff, tapoff, kc, packed, bias, res, out, nr) -> None:
         raise ShapeError(f"sgemm: offsets reach outside the input ({a.size} floats)")
 
 
+def microkernel():
+    """(tile, MR, NR) for numba kernels that drive the microkernels themselves, or None.
+
+    ``tile(m, args)`` (a numba function, callable from other numba code) computes an m-row tile
+    (1 <= m <= MR); ``args`` is the microkernel's argument tuple, see ``_kernel_ir`` (the
+    blocked attention kernel uses it for its Q K^T and P V blocks).
+    """
+    st = _state()
+    return None if st["isa"] is None else (_micro, st["mr"], st["nr"])
+
+
 CHUNK_PIXELS = 512  # a task's pixels are swept in chunks whose input stays in L2 across panels
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
