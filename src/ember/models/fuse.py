@@ -37,6 +37,7 @@ import numpy as np
 from ember import nn
 from ember.autograd import no_grad
 from ember.backends.cpu.kernels import conv_nhwc as K
+from ember.backends.cpu.kernels import dense
 from ember.backends.cpu.kernels import sgemm as G
 from ember.backends.cpu.kernels.tiles import blas_single_thread
 from ember.errors import UnsupportedError
@@ -296,13 +297,9 @@ class FusedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        wt = np.ascontiguousarray(linear.weight._data.astype(_F32).T)  # (in, out)
+        self.weight = dense.pack(linear.weight._data)  # packed once: the module is frozen
         b = linear.bias
         self.bias_np = np.zeros(self.out_features, _F32) if b is None else b._data.astype(_F32)
-        nr = G.panel_width()
-        self.packed = None if nr is None else G.pack_weight(wt, nr)
-        self.wt_np = wt if self.packed is None else None
-        self._rows: dict = {}
 
     def forward(self, x: Tensor) -> Tensor:
         """x @ W.T + b over the last dim."""
@@ -311,18 +308,7 @@ class FusedLinear(nn.Module):
             raise UnsupportedError(
                 f"FusedLinear: expected {self.in_features} features, got {a.shape}"
             )
-        a2 = np.ascontiguousarray(a.reshape(-1, self.in_features), dtype=_F32)
-        m, k = a2.shape
-        y = np.empty((m, self.out_features), _F32)
-        if self.packed is None:
-            K.epilogue(np.matmul(a2, self.wt_np, out=y), self.bias_np, None, 0)
-        else:
-            offs = self._rows.get(m)
-            if offs is None:
-                if len(self._rows) >= MAX_CACHED:
-                    self._rows.clear()
-                offs = self._rows[m] = (np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64))
-            G.gemm(a2.reshape(-1), *offs, k, self.packed, self.bias_np, None, 0, y)
+        y = dense.linear(a.reshape(-1, self.in_features), self.weight, self.bias_np)
         return Tensor._wrap(y.reshape(*a.shape[:-1], self.out_features))
 
     def extra_repr(self) -> str:
