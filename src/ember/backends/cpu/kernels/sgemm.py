@@ -216,6 +216,13 @@ def _module_ir(w: int, nv: int) -> str:
         "declare i64 @llvm.umin.i64(i64, i64)",
     ]
     parts += [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
+    parts += [  # the task counter the driver's workers share (numba has no atomics)
+        "define i64 @ember_sgemm_fetch_add(i64 %pi, i64 %v) {",
+        "  %p = inttoptr i64 %pi to ptr",
+        "  %old = atomicrmw add ptr %p, i64 %v seq_cst",
+        "  ret i64 %old",
+        "}",
+    ]
     parts += [f"attributes #0 = {{ nounwind{wide} }}"]
     return "\n".join(parts)
 
@@ -236,8 +243,7 @@ def _compile_microkernels(isa: str, host: bool):
     tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
     engine = llvm.create_mcjit_compiler(mod, tm)
     engine.finalize_object()
-    for mr in range(1, MR_MAX + 1):
-        name = f"ember_sgemm_{mr}"
+    for name in [f"ember_sgemm_{mr}" for mr in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]:
         llvm.add_symbol(name, engine.get_function_address(name))
     return engine  # keep it alive: it owns the machine code
 
@@ -250,6 +256,7 @@ _k1 = _k2 = _k3 = _k4 = _k5 = _k6 = _k7 = _k8 = _k9 = _k10 = _k11 = _k12 = (
     None  # the microkernels (ExternalFunction)
 )
 _micro = None  # _micro_py compiled
+_fetch_add = None  # ember_sgemm_fetch_add (ExternalFunction)
 
 
 def _micro_py(m, args):  # pragma: no cover - compiled
@@ -281,7 +288,23 @@ def _micro_py(m, args):  # pragma: no cover - compiled
 
 
 def _driver_py(
-    a, rowoff, tapoff, kc, bp, bias, res, has_res, act, out, mr, tasks_m, tasks_p, chunk, kblock
+    a,
+    rowoff,
+    tapoff,
+    kc,
+    bp,
+    bias,
+    res,
+    has_res,
+    act,
+    out,
+    mr,
+    tasks_m,
+    tasks_p,
+    chunk,
+    kblock,
+    workers,
+    counter,
 ):  # noqa: E501  # pragma: no cover - compiled
     """Tasks (pixel blocks x panel groups) -> pixel chunks -> panels -> blocks of K -> tiles.
 
@@ -302,48 +325,55 @@ def _driver_py(
     lo_act = np.float32(-np.inf if act == 0 else 0.0)
     hi_act = np.float32(6.0 if act == 2 else np.inf)
     last_flags = 6 if has_res else 2
-    for task in prange(tasks_m * tasks_p):
-        tm, tp = task // tasks_p, task % tasks_p
-        m0 = min(m_total, (tiles * tm // tasks_m) * mr)
-        m1 = min(m_total, (tiles * (tm + 1) // tasks_m) * mr)
-        j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
-        for q0 in range(m0, m1, chunk):
-            q1 = min(q0 + chunk, m1)
-            ntiles = (q1 - q0 + mr - 1) // mr
-            for j in range(j0, j1):
-                n0 = j * nr
-                nc = min(nr, o - n0)
-                for kb in range(nkb):
-                    if ncs == 1:
-                        t0, c0, c1 = kb * g, 0, kc
-                        t1 = min(nt, t0 + g)
-                    else:
-                        t0, s = kb // ncs, kb % ncs
-                        t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
-                    last = kb == nkb - 1
-                    flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
-                    lo = lo_act if last else np.float32(-np.inf)
-                    hi = hi_act if last else np.float32(np.inf)
-                    bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
-                    # while this block's tiles run, the next block (what follows it in memory)
-                    # streams into L2, a slice per tile: from DRAM it would stall the first tile
-                    pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
-                    per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
-                    for p in range(q0, q1, mr):
-                        off = (p * o + n0) * 4
-                        args = (aa + c0 * 4, ra + p * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
-                        args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
-                        _micro(min(mr, q1 - p), args + args2 + (pf, per_tile))
-                        pf += per_tile * 64
+    ca, ntasks = counter.ctypes.data, tasks_m * tasks_p
+    for _ in prange(workers):  # each worker takes the next task until none is left
+        while True:
+            task = _fetch_add(ca, 1)
+            if task >= ntasks:
+                break
+            tm, tp = task // tasks_p, task % tasks_p
+            m0 = min(m_total, (tiles * tm // tasks_m) * mr)
+            m1 = min(m_total, (tiles * (tm + 1) // tasks_m) * mr)
+            j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
+            for q0 in range(m0, m1, chunk):
+                q1 = min(q0 + chunk, m1)
+                ntiles = (q1 - q0 + mr - 1) // mr
+                for j in range(j0, j1):
+                    n0 = j * nr
+                    nc = min(nr, o - n0)
+                    for kb in range(nkb):
+                        if ncs == 1:
+                            t0, c0, c1 = kb * g, 0, kc
+                            t1 = min(nt, t0 + g)
+                        else:
+                            t0, s = kb // ncs, kb % ncs
+                            t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
+                        last = kb == nkb - 1
+                        flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
+                        lo = lo_act if last else np.float32(-np.inf)
+                        hi = hi_act if last else np.float32(np.inf)
+                        bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
+                        # while this block's tiles run, the next block (what follows it in memory)
+                        # streams into L2, a slice per tile: from DRAM it would stall the first tile
+                        pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
+                        per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
+                        for p in range(q0, q1, mr):
+                            off = (p * o + n0) * 4
+                            args = (aa + c0 * 4, ra + p * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
+                            args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
+                            _micro(min(mr, q1 - p), args + args2 + (pf, per_tile))
+                            pf += per_tile * 64
 
 
 def _build_driver(nb):
     from numba import types
 
     g = globals()
-    sig = types.void(*([types.int64] * 12), types.float32, types.float32, types.int64, types.int64)
+    i64 = types.int64
+    sig = types.void(*([i64] * 12), types.float32, types.float32, i64, i64)
     for i in range(1, MR_MAX + 1):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
+    g["_fetch_add"] = types.ExternalFunction("ember_sgemm_fetch_add", types.int64(i64, i64))
     g["prange"] = nb.prange
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
     return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py)
@@ -404,6 +434,7 @@ def microkernel():
     return None if st["isa"] is None else (_micro, st["mr"], st["nr"])
 
 
+TASKS_PER_THREAD = 4  # workers take tasks as they go: a preempted thread delays one task
 CHUNK_PIXELS = 512  # a task's pixels are swept in chunks whose input stays in L2 across panels
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
@@ -423,13 +454,16 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out) -> np.ndarray:
     if m == 0:
         return out
     panels, mr = packed.shape[0], st["mr"]
-    if m >= o or panels == 1:  # many pixels: each thread takes a block of pixels, all panels
-        tasks_m, tasks_p = min(threads, -(-m // mr)), 1
-    else:  # few pixels, wide weight: each thread takes its own panels (its slice of the weight)
-        tasks_p = min(threads, panels)
-        tasks_m = max(1, threads // tasks_p)
+    tiles = -(-m // mr)
+    want = 1 if threads == 1 else threads * TASKS_PER_THREAD
+    if m >= o or panels == 1:  # many pixels: a task is a block of pixels, all panels
+        tasks_m, tasks_p = min(want, tiles), 1
+    else:  # few pixels, wide weight: a task is a group of panels (a slice of the weight)
+        tasks_p = min(want, panels)
+        tasks_m = min(tiles, max(1, want // tasks_p))
     st["driver"](
         a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None), act,
-        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, K_BLOCK,
+        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, K_BLOCK, min(threads, tasks_m * tasks_p),
+        np.zeros(1, np.int64),
     )  # fmt: skip
     return out
