@@ -243,7 +243,7 @@ def _build() -> dict:
     sig = nb.types.float32(nb.types.int64, nb.types.int64, nb.types.float32)
     g["_softmax_ext"] = nb.types.ExternalFunction("ember_softmax_row", sig)
     i8 = nb.types.int64
-    g["_fetch_add"] = nb.types.ExternalFunction("ember_fetch_add", i8(i8, i8))
+    g["_fetch_add"] = nb.types.ExternalFunction("ember_sgemm_fetch_add", i8(i8, i8))
     # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")

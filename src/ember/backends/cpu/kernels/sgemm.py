@@ -216,7 +216,7 @@ def _module_ir(w: int, nv: int) -> str:
         "declare i64 @llvm.umin.i64(i64, i64)",
     ]
     parts += [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
-    parts += [  # the task counter the driver's workers share (numba has no atomics)
+    parts += [  # the task counter parallel kernels share (numba has no atomics)
         "define i64 @ember_sgemm_fetch_add(i64 %pi, i64 %v) {",
         "  %p = inttoptr i64 %pi to ptr",
         "  %old = atomicrmw add ptr %p, i64 %v seq_cst",
@@ -227,25 +227,29 @@ def _module_ir(w: int, nv: int) -> str:
     return "\n".join(parts)
 
 
-def _compile_microkernels(isa: str, host: bool):
-    """JIT the microkernels (for the host CPU, or a plain AVX2 one) and register their symbols."""
+def jit_ir(ir: str, names: list[str]):
+    """Compile LLVM IR for this process's microkernel family and register `names` for numba.
+
+    The target is the host CPU, or a plain AVX2 one (haswell: 16 vector registers) when
+    EMBER_SGEMM_ISA=avx2 picks the AVX2 family on an AVX-512 machine. Returns the execution
+    engine, which owns the machine code: keep it alive.
+    """
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    w, nv, _ = ISAS[isa]
-    mod = llvm.parse_assembly(_module_ir(w, nv))
+    mod = llvm.parse_assembly(ir)
     mod.verify()
-    cpu, features = "haswell", ""  # AVX2 + FMA, 16 vector registers
-    if host:
-        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    host = llvm.get_host_cpu_features()
+    cpu, features = "haswell", ""  # AVX2 + FMA
+    if _STATE["isa"] == "avx512" or not host.get("avx512f"):
+        cpu, features = llvm.get_host_cpu_name(), host.flatten()
     target = llvm.Target.from_default_triple()
-    tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
-    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine = llvm.create_mcjit_compiler(mod, target.create_target_machine(cpu, features, opt=3))
     engine.finalize_object()
-    for name in [f"ember_sgemm_{mr}" for mr in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]:
+    for name in names:
         llvm.add_symbol(name, engine.get_function_address(name))
-    return engine  # keep it alive: it owns the machine code
+    return engine
 
 
 # ------------------------------------------------------------------ numba driver
@@ -386,15 +390,19 @@ def _state():
         if nb is not None:
             import llvmlite.binding as llvm
 
-            features = llvm.get_host_cpu_features()
-            isa = _isa(features)
+            isa = _isa(llvm.get_host_cpu_features())
         _STATE["isa"] = isa
         if isa is not None:
-            host = isa == "avx512" or not features.get("avx512f")
-            _STATE["engine"] = _compile_microkernels(isa, host)
             w, nv, mr = ISAS[isa]
-            _STATE.update(nr=nv * w, mr=mr, driver=_build_driver(nb))
+            names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]
+            _STATE.update(engine=jit_ir(_module_ir(w, nv), names), nr=nv * w, mr=mr)
+            _STATE["driver"] = _build_driver(nb)
     return _STATE
+
+
+def isa() -> str | None:
+    """The microkernel family this process uses ("avx512", "avx2"), or None (numpy fallback)."""
+    return _state()["isa"]
 
 
 def panel_width() -> int | None:

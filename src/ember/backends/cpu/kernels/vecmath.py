@@ -13,9 +13,6 @@ kernels through their symbols:
   exponent bits; relative error ~2e-7). NaN scores stay NaN.
 - ``void ember_gelu_row(i64 x, i64 n, i64 add, i64 has_add)``: x[:n] <- gelu(x) (+ add[:n]),
   exact GELU through ``special.erf_f32``'s rational erf (the same constants).
-- ``i64 ember_fetch_add(i64 p, i64 v)``: atomically *p += v, returning the old value (numba has
-  no atomics): parallel kernels hand out tasks from a shared counter, so that a thread the OS
-  preempts (a busy machine) delays its current task, not a fixed share of the work.
 
 The full vectors of a row are loaded plainly, the last partial one with a masked load/store.
 ``softmax_row_reference`` and ``dense.gelu_reference`` are the numpy versions; ``symbols()``
@@ -287,14 +284,7 @@ def _module_ir(w: int) -> str:
         f"declare {vt} @llvm.masked.load.v{w}f32.p0(ptr, i32, <{w} x i1>, {vt})",
         f"declare void @llvm.masked.store.v{w}f32.p0({vt}, ptr, i32, <{w} x i1>)",
     ]
-    fetch_add = [
-        "define i64 @ember_fetch_add(i64 %pi, i64 %v) #0 {",
-        "  %p = inttoptr i64 %pi to ptr",
-        "  %old = atomicrmw add ptr %p, i64 %v seq_cst",
-        "  ret i64 %old",
-        "}",
-    ]
-    body = [_softmax_ir(w), _gelu_ir(w), *fetch_add, f"attributes #0 = {{ nounwind{wide} }}"]
+    body = [_softmax_ir(w), _gelu_ir(w), f"attributes #0 = {{ nounwind{wide} }}"]
     return "\n".join(decl + body)
 
 
@@ -326,21 +316,8 @@ def symbols() -> dict | None:
         _STATE["ok"] = False
         from ember.backends.cpu.kernels import sgemm as G
 
-        if G.panel_width() is not None:  # llvmlite present, AVX2+FMA at least
-            import llvmlite.binding as llvm
-
-            isa = G._state()["isa"]
-            w = 16 if isa == "avx512" else 8
-            mod = llvm.parse_assembly(_module_ir(w))
-            mod.verify()
-            cpu, features = "haswell", ""
-            if isa == "avx512" or not llvm.get_host_cpu_features().get("avx512f"):
-                cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-            target = llvm.Target.from_default_triple()
-            tm = target.create_target_machine(cpu=cpu, features=features, opt=3)
-            engine = llvm.create_mcjit_compiler(mod, tm)
-            engine.finalize_object()
-            for name in ("ember_softmax_row", "ember_gelu_row", "ember_fetch_add"):
-                llvm.add_symbol(name, engine.get_function_address(name))
+        if G.isa() is not None:  # llvmlite present, AVX2+FMA at least
+            w = 16 if G.isa() == "avx512" else 8
+            engine = G.jit_ir(_module_ir(w), ["ember_softmax_row", "ember_gelu_row"])
             _STATE.update(ok=True, engine=engine, width=w)  # the engine owns the machine code
     return _STATE if _STATE["ok"] else None
