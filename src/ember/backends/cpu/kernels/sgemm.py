@@ -443,7 +443,7 @@ def microkernel():
 
 
 TASKS_PER_THREAD = 4  # workers take tasks as they go: a preempted thread delays one task
-CHUNK_PIXELS = 512  # a task's pixels are swept in chunks whose input stays in L2 across panels
+CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays in L1/L2)
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
 
