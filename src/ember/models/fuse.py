@@ -69,7 +69,7 @@ def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
     return buf
 
 
-WINDOW_ROWS_BELOW_CHANNELS = 16
+WINDOW_ROWS_BELOW_CHANNELS = 16  # kxk convs with fewer input channels run on window rows
 
 
 def _window_rows(xp: np.ndarray, kw: int, sw: int, ow: int) -> np.ndarray:
