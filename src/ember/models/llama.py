@@ -191,22 +191,10 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
     ):
         """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
-        ids = input_ids if isinstance(input_ids, ember.Tensor) else ember.tensor(input_ids)
-        if ids.ndim == 1:
-            ids = ids.unsqueeze(0)
-        b, t = ids.shape
+        ids = token_ids(input_ids)
+        t = ids.shape[1]
         past = cache.pos if cache is not None else 0
-        pad = None
-        if attention_mask is not None:
-            pad = np.asarray(attention_mask, dtype=bool).reshape(b, -1)
-        if position_ids is None:
-            if pad is not None:
-                pos = np.maximum(np.cumsum(pad, axis=1) - 1, 0)[:, past : past + t]
-            else:
-                pos = np.broadcast_to(np.arange(past, past + t), (b, t))
-        else:
-            pos = position_ids._data if isinstance(position_ids, ember.Tensor) else position_ids
-            pos = np.broadcast_to(np.asarray(pos).reshape(-1, t), (b, t))
+        pad, pos = positions(ids, past, attention_mask, position_ids)
         # (b, t, 1, d/2), on the ids' device (meta: shapes only)
         cos, sin = rope_tables(self._inv_freq, pos[:, :, None], np.float32, device=ids._device)
         mask = CausalMask(t, past, pad, self.config.sliding_window, ids._device)
@@ -223,6 +211,28 @@ class LlamaForCausalLM(nn.Module):
     def num_kv_heads(self) -> int:
         """Key/value heads per layer (the KV cache's second dim)."""
         return self.config.num_key_value_heads
+
+
+def token_ids(input_ids) -> ember.Tensor:
+    """Token ids (a tensor, array or list; (t,) or (batch, t)) as a (batch, t) tensor."""
+    ids = input_ids if isinstance(input_ids, ember.Tensor) else ember.tensor(input_ids)
+    return ids.unsqueeze(0) if ids.ndim == 1 else ids
+
+
+def positions(ids: ember.Tensor, past: int, attention_mask=None, position_ids=None):
+    """(padding mask (batch, past + t) bool or None, positions (batch, t)) for a decoder step.
+
+    Positions count only real tokens (left padding shifts them, as transformers does) unless
+    position_ids gives them.
+    """
+    b, t = ids.shape
+    pad = None if attention_mask is None else np.asarray(attention_mask, bool).reshape(b, -1)
+    if position_ids is not None:
+        pos = np.asarray(getattr(position_ids, "_data", position_ids))
+        return pad, np.broadcast_to(pos.reshape(-1, t), (b, t))
+    if pad is not None:
+        return pad, np.maximum(np.cumsum(pad, axis=1) - 1, 0)[:, past : past + t]
+    return pad, np.broadcast_to(np.arange(past, past + t), (b, t))
 
 
 def causal_mask(

@@ -24,7 +24,7 @@ import numpy as np
 import ember
 from ember import nn
 from ember.errors import UnsupportedError
-from ember.models.llama import causal_mask
+from ember.models.llama import causal_mask, positions, token_ids
 from ember.nn import functional as F
 from ember.ops.rope import apply_rotary, rope_inv_freq, rope_tables
 
@@ -215,9 +215,7 @@ class Phi3ForCausalLM(nn.Module):
         self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
     ):
         """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
-        ids = input_ids if isinstance(input_ids, ember.Tensor) else ember.tensor(input_ids)
-        if ids.ndim == 1:
-            ids = ids.unsqueeze(0)
+        ids = token_ids(input_ids)
         b, t = ids.shape
         past = cache.pos if cache is not None else 0
         if cache is not None and self._long_inv_freq is not None:
@@ -225,16 +223,7 @@ class Phi3ForCausalLM(nn.Module):
             if ids.shape[1] != t:  # crossing into the long factors: recompute from position 0
                 cache.reset()
                 past, t, position_ids = 0, ids.shape[1], None
-        pad = None
-        if attention_mask is not None:
-            pad = np.asarray(attention_mask, dtype=bool).reshape(b, -1)
-        if position_ids is not None:
-            pos = np.asarray(getattr(position_ids, "_data", position_ids))
-            pos = np.broadcast_to(pos.reshape(-1, t), (b, t))
-        elif pad is not None:
-            pos = np.maximum(np.cumsum(pad, axis=1) - 1, 0)[:, past : past + t]
-        else:
-            pos = np.broadcast_to(np.arange(past, past + t), (b, t))
+        pad, pos = positions(ids, past, attention_mask, position_ids)
         inv = self._inv_freq
         if (
             self._long_inv_freq is not None
