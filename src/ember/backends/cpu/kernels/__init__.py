@@ -37,3 +37,19 @@ def numba_or_none():
 
                 apply_numba_threads()
     return _numba
+
+
+def renamed(fn, suffix: str):
+    """A copy of fn whose qualified name ends in _suffix, for a separate numba cache entry.
+
+    numba's on-disk cache tells functions apart by file and qualified name, not by compile
+    options or by what they link: a parallel variant of a kernel, or one keyed on another
+    module's source (``vecmath.keyed``), needs a name of its own.
+    """
+    import types
+
+    g = types.FunctionType(
+        fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", fn.__defaults__, fn.__closure__
+    )
+    g.__qualname__ = f"{fn.__qualname__}_{suffix}"
+    return g

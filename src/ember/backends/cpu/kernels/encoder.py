@@ -18,11 +18,10 @@ where numba is absent (EMBER_NO_NUMBA=1).
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
+from ember.backends.cpu.kernels import numba_or_none, renamed
 from ember.backends.cpu.kernels.special import erf_f32_jit, erf_reference
 
 _K: dict | None = None
@@ -144,12 +143,7 @@ def _build() -> dict:
 
     opts = dict(cache=True, nogil=True, error_model="numpy")
     kernels = {f.__name__: njit(**opts)(f) for f in (attention, add_ln, bias_gelu, embed_ln)}
-    # numba's on-disk cache tells functions apart by qualified name, not by options: the
-    # multi-threaded variant is a copy of the function under another name
-    g = types.FunctionType(attention.__code__, attention.__globals__, "attention_parallel",
-                           None, attention.__closure__)  # fmt: skip
-    g.__qualname__ = attention.__qualname__ + "_parallel"
-    kernels["attention_parallel"] = njit(parallel=True, **opts)(g)
+    kernels["attention_parallel"] = njit(parallel=True, **opts)(renamed(attention, "parallel"))
     return kernels
 
 

@@ -20,11 +20,10 @@ work is microseconds: waking a thread costs more), except attention over long pr
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
+from ember.backends.cpu.kernels import numba_or_none, renamed
 
 _K: dict | None = None
 # attention uses numba's threads from this many multiply-adds on (queries * keys * heads * dim)
@@ -151,12 +150,7 @@ def _build() -> dict:
     fast = {"nsz", "arcp", "contract", "afn", "reassoc"}
     opts = dict(cache=True, nogil=True, fastmath=fast, error_model="numpy")
     kernels = {f.__name__: njit(**opts)(f) for f in (rms_norm, rope_qk, attention, silu_mul)}
-    # numba's on-disk cache tells functions apart by qualified name, not by options: the
-    # multi-threaded variant is a copy of the function under another name
-    par = types.FunctionType(attention.__code__, attention.__globals__, "attention_parallel",
-                             None, attention.__closure__)  # fmt: skip
-    par.__qualname__ = attention.__qualname__ + "_parallel"
-    kernels["attention_parallel"] = njit(parallel=True, **opts)(par)
+    kernels["attention_parallel"] = njit(parallel=True, **opts)(renamed(attention, "parallel"))
     return kernels
 
 

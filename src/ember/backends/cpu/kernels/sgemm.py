@@ -204,18 +204,9 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     return "\n".join(s)
 
 
-def _module_ir(w: int, nv: int) -> str:
-    vt = f"<{w} x float>"
-    # 512-bit registers: LLVM's tuning for AVX-512 CPUs prefers 256-bit vectors unless told
-    wide = ' "min-legal-vector-width"="512" "prefer-vector-width"="512"' if w == 16 else ""
-    parts = [
-        f"declare {vt} @llvm.fma.v{w}f32({vt}, {vt}, {vt})",
-        f"declare void @llvm.masked.store.v{w}f32.p0({vt}, ptr, i32, <{w} x i1>)",
-        f"declare {vt} @llvm.masked.load.v{w}f32.p0(ptr, i32, <{w} x i1>, {vt})",
-        "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
-        "declare i64 @llvm.umin.i64(i64, i64)",
-    ]
-    parts += [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
+def _microkernels_ir(w: int, nv: int) -> list[str]:
+    """The microkernels for 1..MR_MAX rows and the shared task counter."""
+    parts = [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
     parts += [  # the task counter parallel kernels share (numba has no atomics)
         "define i64 @ember_sgemm_fetch_add(i64 %pi, i64 %v) {",
         "  %p = inttoptr i64 %pi to ptr",
@@ -223,14 +214,31 @@ def _module_ir(w: int, nv: int) -> str:
         "  ret i64 %old",
         "}",
     ]
-    parts += [f"attributes #0 = {{ nounwind{wide} }}"]
-    return "\n".join(parts)
+    return parts
 
 
-def jit_ir(ir: str, names: list[str]):
-    """Compile LLVM IR for this process's microkernel family and register `names` for numba.
+def _declarations(w: int) -> list[str]:
+    """The intrinsics the IR kernels here and in vecmath use, for vectors of w floats."""
+    vt = f"<{w} x float>"
+    return [
+        f"declare {vt} @llvm.fma.v{w}f32({vt}, {vt}, {vt})",
+        f"declare {vt} @llvm.floor.v{w}f32({vt})",
+        f"declare {vt} @llvm.maxnum.v{w}f32({vt}, {vt})",
+        f"declare float @llvm.vector.reduce.fmax.v{w}f32({vt})",
+        f"declare float @llvm.vector.reduce.fadd.v{w}f32(float, {vt})",
+        f"declare {vt} @llvm.masked.load.v{w}f32.p0(ptr, i32, <{w} x i1>, {vt})",
+        f"declare void @llvm.masked.store.v{w}f32.p0({vt}, ptr, i32, <{w} x i1>)",
+        "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+        "declare i64 @llvm.umin.i64(i64, i64)",
+    ]
 
-    The target is the host CPU, or a plain AVX2 one (haswell: 16 vector registers) when
+
+def jit_ir(functions: list[str], names: list[str]):
+    """Compile LLVM IR functions for this process's vector width and register `names` for numba.
+
+    The functions may use the intrinsics of ``_declarations`` and the attribute group #0 (512-bit
+    vectors allowed on AVX-512: LLVM's tuning for those CPUs prefers 256 bits unless told). The
+    target is the host CPU, or a plain AVX2 one (haswell: 16 vector registers) when
     EMBER_SGEMM_ISA=avx2 picks the AVX2 family on an AVX-512 machine. Returns the execution
     engine, which owns the machine code: keep it alive.
     """
@@ -238,7 +246,10 @@ def jit_ir(ir: str, names: list[str]):
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    mod = llvm.parse_assembly(ir)
+    w = ISAS[_STATE["isa"]][0]
+    wide = ' "min-legal-vector-width"="512" "prefer-vector-width"="512"' if w == 16 else ""
+    ir = [*_declarations(w), *functions, f"attributes #0 = {{ nounwind{wide} }}"]
+    mod = llvm.parse_assembly("\n".join(ir))
     mod.verify()
     host = llvm.get_host_cpu_features()
     cpu, features = "haswell", ""  # AVX2 + FMA
@@ -386,7 +397,7 @@ def _state():
         if isa is not None:
             w, nv, mr = ISAS[isa]
             names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]
-            _STATE.update(engine=jit_ir(_module_ir(w, nv), names), nr=nv * w, mr=mr)
+            _STATE.update(engine=jit_ir(_microkernels_ir(w, nv), names), nr=nv * w, mr=mr)
             _STATE["driver"] = _build_driver(nb)
     return _STATE
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.backends.cpu.kernels import special
+from ember.backends.cpu.kernels import renamed, special
 
 _STATE: dict = {}
 
@@ -272,22 +272,6 @@ def _gelu_ir(w: int) -> str:
     return "\n".join(s)
 
 
-def _module_ir(w: int) -> str:
-    vt = f"<{w} x float>"
-    wide = ' "min-legal-vector-width"="512" "prefer-vector-width"="512"' if w == 16 else ""
-    decl = [
-        f"declare {vt} @llvm.fma.v{w}f32({vt}, {vt}, {vt})",
-        f"declare {vt} @llvm.floor.v{w}f32({vt})",
-        f"declare {vt} @llvm.maxnum.v{w}f32({vt}, {vt})",
-        f"declare float @llvm.vector.reduce.fmax.v{w}f32({vt})",
-        f"declare float @llvm.vector.reduce.fadd.v{w}f32(float, {vt})",
-        f"declare {vt} @llvm.masked.load.v{w}f32.p0(ptr, i32, <{w} x i1>, {vt})",
-        f"declare void @llvm.masked.store.v{w}f32.p0({vt}, ptr, i32, <{w} x i1>)",
-    ]
-    body = [_softmax_ir(w), _gelu_ir(w), f"attributes #0 = {{ nounwind{wide} }}"]
-    return "\n".join(decl + body)
-
-
 def keyed(fn, *modules):
     """A copy of fn whose qualified name carries a digest of the modules' source files.
 
@@ -296,18 +280,13 @@ def keyed(fn, *modules):
     would keep using a cached build made for their old signatures. Under the keyed name, a
     change to those modules gives a new cache entry instead.
     """
-    import types
     import zlib
     from pathlib import Path
 
     digest = 0
     for m in modules:
         digest = zlib.crc32(Path(m.__file__).read_bytes(), digest)
-    g = types.FunctionType(
-        fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
-    )
-    g.__qualname__ = f"{fn.__qualname__}_{digest:08x}"
-    return g
+    return renamed(fn, f"{digest:08x}")
 
 
 def symbols() -> dict | None:
@@ -318,6 +297,7 @@ def symbols() -> dict | None:
 
         if G.isa() is not None:  # llvmlite present, AVX2+FMA at least
             w = 16 if G.isa() == "avx512" else 8
-            engine = G.jit_ir(_module_ir(w), ["ember_softmax_row", "ember_gelu_row"])
+            functions = [_softmax_ir(w), _gelu_ir(w)]
+            engine = G.jit_ir(functions, ["ember_softmax_row", "ember_gelu_row"])
             _STATE.update(ok=True, engine=engine, width=w)  # the engine owns the machine code
     return _STATE if _STATE["ok"] else None
