@@ -3,6 +3,7 @@
 import tracemalloc
 
 import numpy as np
+import pytest
 import torch
 
 import ember
@@ -14,6 +15,23 @@ def save_tiny(path, ref):
     ref = ref.eval()
     ref.save_pretrained(path, safe_serialization=True)
     return ref, path
+
+
+def saved_fixture(save):
+    """A module-scoped fixture: name -> save(fresh folder, name), each variant built once."""
+
+    @pytest.fixture(scope="module")
+    def saved(tmp_path_factory):
+        made = {}
+
+        def get(name):
+            if name not in made:
+                made[name] = save(tmp_path_factory.mktemp(name), name)
+            return made[name]
+
+        return get
+
+    return saved
 
 
 def assert_logits_match(ref, model, ids: np.ndarray, tol: float = 1e-4) -> None:

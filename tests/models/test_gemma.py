@@ -14,6 +14,7 @@ from tests.models.common import (
     assert_left_padded_batch_matches,
     assert_logits_match,
     assert_meta_forward,
+    saved_fixture,
 )
 
 BASE = dict(
@@ -54,17 +55,7 @@ def _save(tmp_path, name):
     return ref, d
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """name -> (transformers model, its saved folder), built once per module."""
-    made = {}
-
-    def get(name):
-        if name not in made:
-            made[name] = _save(tmp_path_factory.mktemp(name), name)
-        return made[name]
-
-    return get
+saved = saved_fixture(_save)  # name -> (transformers model, its saved folder)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
