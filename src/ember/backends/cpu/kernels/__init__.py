@@ -18,10 +18,10 @@ def numba_or_none():
         # How numba's OpenMP workers wait between parallel regions. libgomp's default spins for
         # 300k rounds (~10 ms here): with another busy process on the machine that turned a
         # 40 us matrix-vector product into a 13 ms one (the spinners hold the core the main
-        # thread needs). Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs 75-120 us per region
-        # instead (a futex wake-up on this VM), ~5 ms of a ResNet-50 pass's 54 regions. 10k
-        # rounds (~0.1-0.2 ms) keeps the workers awake from one layer to the next: measured
-        # 6-9 us per region. Users' own OMP_WAIT_POLICY / GOMP_SPINCOUNT take precedence.
+        # thread needs). Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up per
+        # region instead: bench/gemm.py's "tiny" product takes 84 us that way, 12 us with 10k
+        # rounds (~0.1-0.2 ms), which keep the workers awake from one layer to the next (a
+        # ResNet-50 pass has ~54 regions). Users' own OMP_WAIT_POLICY / GOMP_SPINCOUNT win.
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "10000")
         if os.environ.get("EMBER_NO_NUMBA") == "1":
