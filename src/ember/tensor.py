@@ -50,8 +50,12 @@ class Tensor:
         arr = _to_array(data, dtype)
         if dev is META:
             arr = autograd.meta_array(arr.shape, arr.dtype)
+        self._init(arr, dev, requires_grad)
+
+    def _init(self, arr: np.ndarray, device: Device, requires_grad: bool) -> None:
+        """Set every field of a new leaf tensor (``_wrap`` inlines this: it is per-op)."""
         self._data = arr
-        self._device = dev
+        self._device = device
         self.grad = None
         self._ctx = None
         self._retain = False

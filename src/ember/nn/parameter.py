@@ -31,16 +31,7 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data=None, requires_grad: bool = True) -> None:
-        arr, dev = _array_of(data)
-        self._data = arr
-        self._device = dev
-        self.grad = None
-        self._ctx = None
-        self._retain = False
-        self._hooks = ()
-        self.requires_grad = False
-        if requires_grad:
-            self.requires_grad_(True)
+        self._init(*_array_of(data), requires_grad)
 
     def __repr__(self) -> str:
         return "Parameter containing:\n" + super().__repr__()
@@ -76,14 +67,7 @@ class Buffer(Tensor):
     __slots__ = ("persistent",)
 
     def __init__(self, data=None, *, persistent: bool = True) -> None:
-        arr, dev = _array_of(data)
-        self._data = arr
-        self._device = dev
-        self.grad = None
-        self._ctx = None
-        self._retain = False
-        self._hooks = ()
-        self.requires_grad = False
+        self._init(*_array_of(data), False)
         self.persistent = persistent
 
 
