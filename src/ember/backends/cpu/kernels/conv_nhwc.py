@@ -1,14 +1,12 @@
-"""Channels-last (NHWC) inference kernels: im2col, depthwise conv, fused epilogue, max pool.
+"""Channels-last (NHWC) inference kernels: depthwise conv, max pool, copies, and the BLAS fallback.
 
-These serve ember.models.fuse: with activations stored NHWC, a kxk convolution is one im2col copy
-(each window row is kw*C contiguous floats) and one BLAS GEMM (N*OH*OW, kh*kw*C) @ (kh*kw*C, O);
-a 1x1 convolution is the GEMM alone. The epilogue adds the folded-BatchNorm bias, an optional
-residual and the activation in one pass over the GEMM output.
-
-The kernels release the GIL (nogil) and work on output rows ``[r0, r1)`` (r = image * OH +
-output row); depthwise and max pooling spread those rows over numba's threads. Every numba kernel has a numpy reference beside
-it (same name + ``_reference``) that tests compare against and that serves when numba is absent
-(EMBER_NO_NUMBA=1). Activations: 0 none, 1 ReLU, 2 ReLU6. float32 only.
+These serve ember.models.fuse. Depthwise convolution (bias and activation fused), max pooling
+and copy4d spread output rows over numba's threads. im2col (each window row is kw*C contiguous
+floats) and the epilogue (bias, optional residual, activation in one pass) serve the fallback
+GEMM path, numpy's BLAS, where sgemm's microkernels are missing. Every numba kernel releases the
+GIL and has a numpy reference beside it (same name + ``_reference``) that tests compare against
+and that serves when numba is absent (EMBER_NO_NUMBA=1). Activations: 0 none, 1 ReLU, 2 ReLU6.
+float32 only.
 """
 
 from __future__ import annotations
@@ -33,20 +31,14 @@ def _taps(xp, i, j, sh, sw, oh, ow):
     return xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
 
 
-def _rows(a, r0, r1):
-    """Output rows [r0, r1) of an (N, OH, ...) array as ((r1 - r0), ...) (r = image * OH + row)."""
-    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])[r0:r1]
-
-
-def im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0=0, r1=-1) -> np.ndarray:
-    """x (N, H, W, C) -> out ((r1-r0)*OW, kh*kw*C): one row per output pixel, (i, j, c) order."""
+def im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
+    """x (N, H, W, C) -> out (N*OH*OW, kh*kw*C): one row per output pixel, (i, j, c) order."""
     n, c = x.shape[0], x.shape[3]
-    r1 = n * oh if r1 < 0 else r1
     xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl)
-    o5 = out.reshape(r1 - r0, ow, kh, kw, c)
+    o6 = out.reshape(n, oh, ow, kh, kw, c)
     for i in range(kh):
         for j in range(kw):
-            o5[:, :, i, j] = _rows(_taps(xp, i, j, sh, sw, oh, ow), r0, r1)
+            o6[:, :, :, i, j] = _taps(xp, i, j, sh, sw, oh, ow)
     return out
 
 
@@ -66,31 +58,26 @@ def epilogue_reference(y, bias, res, act: int) -> np.ndarray:
     return _act_reference(y, act)
 
 
-def depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act: int, r0=0, r1=-1) -> np.ndarray:
+def depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
     """x (N, H, W, C), w (kh, kw, C), bias (C,) -> out (N, OH, OW, C) = act(dwconv + bias)."""
     kh, kw, _ = w.shape
-    n, oh, ow = out.shape[:3]
-    r1 = n * oh if r1 < 0 else r1
+    oh, ow = out.shape[1:3]
     xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl)
-    o = _rows(out, r0, r1)
-    o[...] = bias
+    out[...] = bias
     for i in range(kh):
         for j in range(kw):
-            o += _rows(_taps(xp, i, j, sh, sw, oh, ow), r0, r1) * w[i, j]
-    _act_reference(o, act)
-    return out
+            out += _taps(xp, i, j, sh, sw, oh, ow) * w[i, j]
+    return _act_reference(out, act)
 
 
-def maxpool_reference(x, out, kh, kw, sh, sw, pt, pl, r0=0, r1=-1) -> np.ndarray:
+def maxpool_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
     """x (N, H, W, C) -> out (N, OH, OW, C), padding counts as -inf (torch's max_pool2d)."""
-    n, oh, ow = out.shape[:3]
-    r1 = n * oh if r1 < 0 else r1
+    oh, ow = out.shape[1:3]
     xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl, -np.inf)
-    o = _rows(out, r0, r1)
-    o[...] = -np.inf
+    out[...] = -np.inf
     for i in range(kh):
         for j in range(kw):
-            np.maximum(o, _rows(_taps(xp, i, j, sh, sw, oh, ow), r0, r1), out=o)
+            np.maximum(out, _taps(xp, i, j, sh, sw, oh, ow), out=out)
     return out
 
 
@@ -99,15 +86,15 @@ def _build(nb):
     opts = dict(nogil=True, cache=True, fastmath=True)
 
     @nb.njit(**opts)
-    def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1):  # pragma: no cover - compiled
+    def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow):  # pragma: no cover - compiled
         n, h, w, c = x.shape
         xf = x.reshape(n, h, w * c)
         seg = kw * c
-        for r in range(r0, r1):
+        for r in range(n * oh):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
-                row = out[(r - r0) * ow + xo]
+                row = out[r * ow + xo]
                 iw0 = xo * sw - pl
                 j_lo = max(0, -iw0)
                 j_hi = min(kw, w - iw0)
@@ -150,11 +137,11 @@ def _build(nb):
         return y
 
     @nb.njit(parallel=True, **opts)
-    def depthwise(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover - compiled
+    def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
         n, h, wd, c = x.shape
         kh, kw = w.shape[0], w.shape[1]
         oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(r0, r1):
+        for r in nb.prange(n * oh):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
@@ -182,10 +169,10 @@ def _build(nb):
         return out
 
     @nb.njit(parallel=True, **opts)
-    def maxpool(x, out, kh, kw, sh, sw, pt, pl, r0, r1):  # pragma: no cover - compiled
+    def maxpool(x, out, kh, kw, sh, sw, pt, pl):  # pragma: no cover - compiled
         n, h, w, c = x.shape
         oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(r0, r1):
+        for r in nb.prange(n * oh):
             b = r // oh
             y = r - b * oh
             for xo in range(ow):
@@ -229,13 +216,12 @@ def _kernels():
 
 
 # ------------------------------------------------------------------ dispatchers
-def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0=0, r1=-1) -> np.ndarray:
-    """x (N, H, W, C) float32 contiguous -> out ((r1-r0)*OW, kh*kw*C), zero padding."""
-    r1 = x.shape[0] * oh if r1 < 0 else r1
+def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
+    """x (N, H, W, C) float32 contiguous -> out (N*OH*OW, kh*kw*C), zero padding."""
     k = _kernels()
     if k is None:
-        return im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
-    return k["im2col"](x, out, kh, kw, sh, sw, pt, pl, oh, ow, r0, r1)
+        return im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow)
+    return k["im2col"](x, out, kh, kw, sh, sw, pt, pl, oh, ow)
 
 
 def epilogue(y: np.ndarray, bias: np.ndarray, res: np.ndarray | None, act: int) -> np.ndarray:
@@ -246,22 +232,20 @@ def epilogue(y: np.ndarray, bias: np.ndarray, res: np.ndarray | None, act: int) 
     return k["epilogue"](y, bias, y if res is None else res, res is not None, act)
 
 
-def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int, r0=0, r1=-1) -> np.ndarray:
-    """Depthwise kxk conv over NHWC (output rows [r0, r1)) with bias and activation fused."""
-    r1 = out.shape[0] * out.shape[1] if r1 < 0 else r1
+def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
+    """Depthwise kxk conv over NHWC with bias and activation fused."""
     k = _kernels()
     if k is None:
-        return depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act, r0, r1)
-    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act, r0, r1)
+        return depthwise_reference(x, w, bias, out, sh, sw, pt, pl, act)
+    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
 
 
-def maxpool(x, out, kh, kw, sh, sw, pt, pl, r0=0, r1=-1) -> np.ndarray:
-    """Max pooling over NHWC, output rows [r0, r1) (padding is -inf)."""
-    r1 = out.shape[0] * out.shape[1] if r1 < 0 else r1
+def maxpool(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
+    """Max pooling over NHWC (padding is -inf)."""
     k = _kernels()
     if k is None:
-        return maxpool_reference(x, out, kh, kw, sh, sw, pt, pl, r0, r1)
-    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl, r0, r1)
+        return maxpool_reference(x, out, kh, kw, sh, sw, pt, pl)
+    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl)
 
 
 def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
