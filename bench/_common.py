@@ -30,7 +30,7 @@ def set_threads(threads: int) -> None:
     import torch
 
     import ember
-    from ember.backends.cpu.kernels import numba_or_none
+    from ember.kernels.cpu import numba_or_none
 
     ember.set_num_threads(threads)
     numba_or_none()

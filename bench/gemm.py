@@ -50,7 +50,7 @@ def linear_row(label, m, k, n, repeat) -> str:
     """One (M, K, N) product on the three engines."""
     import torch
 
-    from ember.backends.cpu.kernels import sgemm as G
+    from ember.kernels.cpu import sgemm as G
 
     rng = np.random.default_rng(0)
     a, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
@@ -74,8 +74,8 @@ def conv_row(repeat) -> str:
     """ResNet-50's 3x3 conv at 28x28x128 (stride 1, pad 1), batch 1."""
     import torch
 
-    from ember.backends.cpu.kernels import conv_nhwc as K
-    from ember.backends.cpu.kernels import sgemm as G
+    from ember.kernels.cpu import conv_nhwc as K
+    from ember.kernels.cpu import sgemm as G
     from ember.models.fuse import window_offsets
 
     h = w = 28
@@ -127,7 +127,7 @@ def main() -> None:
     args = ap.parse_args()
     from threadpoolctl import threadpool_limits
 
-    from ember.backends.cpu.kernels import sgemm as G
+    from ember.kernels.cpu import sgemm as G
 
     head = (
         "| product | ember us | ember GFLOP/s | numpy BLAS GFLOP/s | torch GFLOP/s | "

@@ -13,7 +13,7 @@ def pytest_configure(config):
         import torch
 
         import ember
-        from ember.backends.cpu.kernels import numba_or_none
+        from ember.kernels.cpu import numba_or_none
 
         ember.set_num_threads(1)
         numba_or_none()  # numba's OpenMP start resets the shared libgomp count: start it first

@@ -213,3 +213,75 @@ def gradcheck(
         np.testing.assert_allclose(
             ins[i].grad.numpy(), num, atol=atol, rtol=rtol, err_msg=f"gradcheck input {i}"
         )
+
+
+def _thread_counts() -> list[int]:
+    """Numba thread counts to run kernels at: 1 to 3, as far as numba's pool allows."""
+    from ember.kernels.cpu import numba_or_none
+
+    nb = numba_or_none()
+    return [1] if nb is None else list(range(1, min(3, nb.config.NUMBA_NUM_THREADS) + 1))
+
+
+def check_kernel(kernel, reference=None, cases=(), *, rtol=1e-5, atol=1e-5, threads=None) -> int:
+    """Compare a kernel with its numpy reference on every case; returns how many runs it made.
+
+    ``kernel``: a registry ``Kernel`` (its ``reference`` is the default) or a plain function.
+    ``cases``: ``(args, kwargs)`` pairs (or bare ``args`` tuples) of numpy arrays and values.
+    Each case runs as given and with every array argument in a non-contiguous layout, at 1-3
+    numba threads; a registry kernel runs only where its conditions hold (as ``Function.apply``
+    would pick it). NaN and infinity must appear in the same places as in the reference.
+    """
+    from ember.kernels.registry import Kernel
+
+    fn = kernel.fn if isinstance(kernel, Kernel) else kernel
+    ref = reference if reference is not None else kernel.reference
+    runs = 0
+    for case in cases:
+        args, kwargs = case if len(case) == 2 and isinstance(case[1], dict) else (case, {})
+        variants = [tuple(args)]
+        if any(isinstance(a, np.ndarray) and a.ndim for a in args):
+            variants.append(tuple(noncontig(a) if isinstance(a, np.ndarray) else a for a in args))
+        want = ref(*[np.array(a) if isinstance(a, np.ndarray) else a for a in args], **kwargs)
+        for v in variants:
+            arrays = [a for a in v if isinstance(a, np.ndarray)]
+            if isinstance(kernel, Kernel) and not kernel.applies(arrays, kwargs):
+                continue
+            for n in threads or _thread_counts():
+                with threads_set(n):
+                    got = fn(*v, **kwargs)
+                _compare_kernel(got, want, rtol, atol, f"{getattr(fn, '__name__', fn)} {n} thr")
+                runs += 1
+    assert runs, "check_kernel ran nothing: no case met the kernel's conditions"
+    return runs
+
+
+def _compare_kernel(got, want, rtol, atol, what) -> None:
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want), what
+        for g, w in zip(got, want):
+            _compare_kernel(g, w, rtol, atol, what)
+        return
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} vs reference {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} vs reference {want.dtype}"
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what, equal_nan=True)
+
+
+class threads_set:
+    """Run a block with numba at n threads (restored after)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        from ember.kernels.cpu import numba_or_none
+
+        self.nb = numba_or_none()
+        if self.nb is not None:
+            self.prev = self.nb.get_num_threads()
+            self.nb.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        if self.nb is not None:
+            self.nb.set_num_threads(self.prev)

@@ -1,8 +1,9 @@
 """Reverse-mode autograd: the Function base class (the one dispatch point), grad mode, backward.
 
 Every op is a Function subclass whose ``forward`` and ``backward`` work on backend arrays.
-``Function.apply`` is the single place that picks the device path (cpu or meta), records the
-graph node when grad mode is on and an input requires grad, and wraps the result in a Tensor.
+``Function.apply`` is the single place that picks the device path (cpu or meta), picks a
+registered kernel (``ember.kernels.registry``), records the graph node when grad mode is on and
+an input requires grad, and wraps the result in a Tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from ember.device import META
 from ember.errors import AutogradError, DeviceError, EmberError, ShapeError
+from ember.kernels import registry
 
 _grad_enabled = True
 Tensor = None  # set by ember.tensor once the class exists (avoids an import cycle)
@@ -104,9 +106,16 @@ class Function:
     ``backward`` returns one gradient array (or None) per tensor input, in order. A subclass may
     define ``meta(*arrays, **kw) -> (shape, dtype)`` when running ``forward`` on zero-stride
     meta arrays would cost real compute (matmul, conv); otherwise meta runs ``forward``.
+    ``kernel_op`` names the op in ``ember.kernels.registry``: a registered kernel that applies
+    runs instead of ``forward`` (which stays the reference and the autograd path).
     """
 
     meta = None
+    # the registry name of this op's kernels (ember.kernels.registry); None: forward only
+    kernel_op: str | None = None
+    # saved(*arrays, **kw) stores what backward needs when a kernel ran instead of forward;
+    # without it, kernels run only when no graph is recorded
+    saved = None
     released = False
     _out_ref = staticmethod(
         lambda: None
@@ -120,17 +129,20 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
-        """Run the op on tensors: the single dispatch point of ember."""
+        """Run the op on tensors: the single dispatch point of ember (and its one kernel choice)."""
         dev = inputs[0]._device
+        record = False
         for t in inputs:
             if t._device is not dev:
                 raise DeviceError(
                     f"{cls.__name__}: expected all tensors on one device, got {dev} and {t._device}"
                 )
+            if t.requires_grad:
+                record = _grad_enabled
         ctx = cls()
+        arrays = [t._data for t in inputs]
         try:
             if dev is META:
-                arrays = [t._data for t in inputs]
                 if cls.meta is not None:
                     shape, dtype = ctx.meta(*arrays, **kwargs)
                 else:
@@ -138,22 +150,28 @@ class Function:
                     shape, dtype = out.shape, out.dtype
                 out = meta_array(shape, dtype)
             else:
-                out = ctx.forward(*[t._data for t in inputs], **kwargs)
+                kernel = None
+                if cls.kernel_op is not None and (not record or cls.saved is not None):
+                    kernel = registry.pick(cls.kernel_op, dev.type, arrays, kwargs)
+                if kernel is None:
+                    out = ctx.forward(*arrays, **kwargs)
+                else:
+                    out = kernel.fn(*arrays, **kwargs)
+                    if record:
+                        ctx.saved(*arrays, **kwargs)
         except ValueError as e:
             if isinstance(e, EmberError):
                 raise
             shapes = ", ".join(str(tuple(t._data.shape)) for t in inputs)
             raise ShapeError(f"{cls.__name__.lower()}: {e} (input shapes {shapes})") from None
-        if _grad_enabled:
-            for t in inputs:
-                if t.requires_grad:
-                    ctx.parents = inputs
-                    # edges point at the parents' graph nodes as they are *now*, so a later
-                    # in-place op that rebinds a parent tensor does not rewrite this history
-                    ctx.edges = tuple(p._ctx if p._ctx is not None else p for p in inputs)
-                    ctx.in_meta = tuple((p._data.shape, p._data.dtype) for p in inputs)
-                    ctx.needs_input_grad = tuple(p.requires_grad for p in inputs)
-                    return Tensor._wrap(out, dev, ctx)
+        if record:
+            ctx.parents = inputs
+            # edges point at the parents' graph nodes as they are *now*, so a later
+            # in-place op that rebinds a parent tensor does not rewrite this history
+            ctx.edges = tuple(p._ctx if p._ctx is not None else p for p in inputs)
+            ctx.in_meta = tuple((p._data.shape, p._data.dtype) for p in inputs)
+            ctx.needs_input_grad = tuple(p.requires_grad for p in inputs)
+            return Tensor._wrap(out, dev, ctx)
         return Tensor._wrap(out, dev)
 
 

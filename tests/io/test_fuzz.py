@@ -22,13 +22,14 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from ember import config
 from ember.errors import FormatError
 from ember.io import load_torch, open_gguf, open_safetensors, save_gguf, save_safetensors
 
 from .torch_files import FakeStorage, FakeTensor, dumps, zip_checkpoint
 
 # EMBER_FUZZ_EXAMPLES=5000 runs a longer, randomised search; the default stays fast and fixed.
-_LONG = os.environ.get("EMBER_FUZZ_EXAMPLES")
+_LONG = config.FUZZ_EXAMPLES
 SETTINGS = settings(
     max_examples=int(_LONG or 150),
     deadline=None,

@@ -10,9 +10,9 @@ import torch
 import transformers
 
 import ember
-from ember.backends.cpu.kernels import encoder as K
 from ember.cli.main import main as cli_main
 from ember.errors import ShapeError, UnsupportedError
+from ember.kernels.cpu import encoder as K
 from ember.models.bert import BertConfig, BertModel, checkpoint_weights
 from ember.models.sentence import SentenceTransformer, default_model_dir, pool
 

@@ -111,7 +111,7 @@ def _erf_gelu_inputs(rng) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("kernels", ["numba", "numpy"])
 def test_erf_gelu_float32_accuracy(kernels, monkeypatch):
-    from ember.backends.cpu.kernels import special
+    from ember.kernels.cpu import special
 
     if kernels == "numpy":  # the fallback without numba (EMBER_NO_NUMBA=1)
         monkeypatch.setattr(special, "_ufuncs", {})
@@ -146,7 +146,7 @@ def _check_erf_gelu_f32(special, inputs: list[np.ndarray]) -> None:
 
 
 def test_erf_gelu_float64_stay_exact():
-    from ember.backends.cpu.kernels import special
+    from ember.kernels.cpu import special
 
     a = np.random.default_rng(4).uniform(-6, 6, (17, 19))
     a[0, :4] = [np.inf, -np.inf, np.nan, 0.0]

@@ -139,7 +139,7 @@ def cached_attention(
     b, t, hq, d = q._data.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if _inference_f32(q, k, v) and (cache is None or cache.k[layer].dtype == np.float32):
-        from ember.backends.cpu.kernels.llm import attention
+        from ember.kernels.cpu.llm import attention
 
         if cache is None:
             kb = np.ascontiguousarray(k._data.transpose(0, 2, 1, 3))

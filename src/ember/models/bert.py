@@ -11,7 +11,7 @@ Two paths compute the same function:
   is wanted.
 - inference (no gradient, eval mode) packs the real tokens into one (tokens, hidden) matrix, so
   padding costs nothing: each linear layer is one BLAS call on real tokens, and attention,
-  bias+GELU and residual+LayerNorm are fused numba kernels (``ember.backends.cpu.kernels.encoder``).
+  bias+GELU and residual+LayerNorm are fused numba kernels (``ember.kernels.cpu.encoder``).
   Padding positions of ``last_hidden_state`` are zeros there (Hugging Face leaves whatever its
   encoder computed for them); real tokens match.
 """
@@ -466,7 +466,7 @@ def _legacy_name(name: str) -> str:
 
 def _act_(u: np.ndarray, bias: np.ndarray, name: str) -> np.ndarray:
     """u <- act(u + bias) in place, u feature-major (features, tokens)."""
-    from ember.backends.cpu.kernels import encoder as K
+    from ember.kernels.cpu import encoder as K
 
     kind = _ACTS[name]
     if kind == "gelu":
@@ -487,7 +487,7 @@ def encode_packed(model: BertModel, ids, pos, tt, cu) -> np.ndarray:
     Activations are feature-major inside, (features, tokens), so each linear layer is one BLAS
     call ``W @ x`` on the checkpoint's weight as stored (see kernels/encoder.py for why).
     """
-    from ember.backends.cpu.kernels import encoder as K
+    from ember.kernels.cpu import encoder as K
 
     cfg = model.config
     e = model.embeddings

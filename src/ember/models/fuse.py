@@ -13,7 +13,7 @@ What it does:
   (N, C, H, W) whose memory is NHWC (torch's ``channels_last``), so any ember op downstream reads
   it correctly, and the next fused conv uses it without a copy.
 - Convolutions and linear layers run on ember's packed-weight GEMM
-  (ember.backends.cpu.kernels.sgemm): the weight is packed into panels once, here; on NHWC data a
+  (ember.kernels.cpu.sgemm): the weight is packed into panels once, here; on NHWC data a
   kxk convolution reads its (zero-padded) input in place, each tap a fixed offset from the output
   pixel's window (no im2col), and bias, residual and activation are applied as each output tile
   is stored. Only convs with few input channels (the RGB stem) go through an im2col buffer.
@@ -36,11 +36,11 @@ import numpy as np
 
 from ember import nn
 from ember.autograd import no_grad
-from ember.backends.cpu.kernels import conv_nhwc as K
-from ember.backends.cpu.kernels import dense
-from ember.backends.cpu.kernels import sgemm as G
-from ember.backends.cpu.kernels.tiles import blas_single_thread
 from ember.errors import UnsupportedError
+from ember.kernels.cpu import conv_nhwc as K
+from ember.kernels.cpu import dense
+from ember.kernels.cpu import sgemm as G
+from ember.kernels.cpu.tiles import blas_single_thread
 from ember.tensor import Tensor
 
 _F32 = np.dtype(np.float32)

@@ -312,7 +312,7 @@ class SiluMul(Function):
     def forward(self, g, u):
         self.g, self.u = g, u
         if g.dtype == np.float32 and u.dtype == np.float32:
-            from ember.backends.cpu.kernels.llm import silu_mul as kernel
+            from ember.kernels.cpu.llm import silu_mul as kernel
 
             return kernel(g, u)
         return g / (1 + np.exp(-g)) * u

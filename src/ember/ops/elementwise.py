@@ -80,13 +80,13 @@ def _sigmoid(x):
 
 
 def _erf(x):
-    from ember.backends.cpu.kernels.special import erf
+    from ember.kernels.cpu.special import erf
 
     return erf(x)
 
 
 def _gelu(x):
-    from ember.backends.cpu.kernels.special import gelu
+    from ember.kernels.cpu.special import gelu
 
     return gelu(x)
 

@@ -143,7 +143,7 @@ def apply_rotary_qk(
         and qd.shape[3] == kd.shape[3] >= 2 * cd.shape[3]
         and _inference_f32(q, k, cos, sin)
     ):
-        from ember.backends.cpu.kernels.llm import rope_qk
+        from ember.kernels.cpu.llm import rope_qk
 
         b, t, half = qd.shape[0], qd.shape[1], cd.shape[3]
         c, s = cd.reshape(cd.shape[0], t, half), sd.reshape(sd.shape[0], t, half)

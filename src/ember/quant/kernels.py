@@ -25,6 +25,7 @@ import types
 
 import numpy as np
 
+from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.quant.formats import as_bytes, block_format, dequantize
 
@@ -52,10 +53,10 @@ def numba_kernels():
     """The numba kernel module, or None when numba is not importable (or EMBER_NO_NUMBA=1)."""
     global _numba_kernels
     if _numba_kernels is None:
-        if os.environ.get("EMBER_NO_NUMBA", "") not in ("", "0"):
+        if config.NO_NUMBA:
             _numba_kernels = False
         else:
-            from ember.backends.cpu.kernels import numba_or_none
+            from ember.kernels.cpu import numba_or_none
 
             numba_or_none()  # sets the OpenMP wait policy before numba starts its workers
             try:
@@ -216,7 +217,7 @@ def matmul_t(raw: np.ndarray, qtype: str, shape: tuple[int, int], x: np.ndarray)
     # Prefill: decode tiles of rows into small float32 buffers and let BLAS multiply them. The
     # threads take tiles in turn, each decoding (numba, no GIL) and multiplying (one-thread
     # BLAS): OpenBLAS's own threads spin-wait, and on a busy machine one product then costs 7x.
-    from ember.backends.cpu.kernels.tiles import run_tiles, scratch
+    from ember.kernels.cpu.tiles import run_tiles, scratch
     from ember.threads import get_num_threads
 
     dq = _serial.get(("DEQUANT_ROWS", fmt.name)) or serial_kernel(mod, "DEQUANT_ROWS", fmt.name)

@@ -8,7 +8,7 @@ import torch
 
 import ember
 from ember import nn
-from ember.backends.cpu.kernels import conv_nhwc as K
+from ember.kernels.cpu import conv_nhwc as K
 from ember.models.fuse import FusedConv2d, fuse_conv_bn, nhwc, optimize_for_inference
 
 RNG = np.random.default_rng(0)

@@ -113,7 +113,7 @@ class ViTSelfAttention(nn.Module):
         q, k, v = self.query(x), self.key(x), self.value(x)
         scale = 1.0 / math.sqrt(self.head_dim)
         if _blocked_attention_applies(q, k, v):  # inference: heads read in place, no transposes
-            from ember.backends.cpu.kernels.attention import attention
+            from ember.kernels.cpu.attention import attention
 
             return ember.Tensor._wrap(attention(q._data, k._data, v._data, self.num_heads, scale))
         split = lambda y: y.reshape(n, t, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731

@@ -14,8 +14,8 @@ import wave
 
 import numpy as np
 
-from ember.backends.cpu.kernels.tiles import blas_single_thread
 from ember.errors import FormatError, UnsupportedError
+from ember.kernels.cpu.tiles import blas_single_thread
 
 SAMPLE_RATE = 16000
 N_FFT = 400

@@ -20,12 +20,12 @@ import numpy as np
 
 import ember
 from ember import nn
-from ember.backends.cpu.kernels import attention as A
-from ember.backends.cpu.kernels import dense as D
-from ember.backends.cpu.kernels import workspace
-from ember.backends.cpu.kernels.workspace import Workspace
 from ember.errors import FormatError, ShapeError
 from ember.generation.cache import KVCache
+from ember.kernels.cpu import attention as A
+from ember.kernels.cpu import dense as D
+from ember.kernels.cpu import workspace
+from ember.kernels.cpu.workspace import Workspace
 from ember.nn import functional as F
 from ember.tensor import Tensor
 

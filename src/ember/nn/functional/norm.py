@@ -121,6 +121,8 @@ def layer_norm(
 class _RMSNorm(Function):
     """x * rsqrt(mean(x**2) + eps) over the last n dims, then * weight."""
 
+    kernel_op = "rms_norm"
+
     def meta(self, x, *w, **kw):
         return x.shape, np.result_type(x.dtype, *[a.dtype for a in w])
 
@@ -155,15 +157,6 @@ def _finfo_eps(dt: np.dtype) -> float:
     return float(np.finfo(np.float64 if dt == np.float64 else np.float32).eps)
 
 
-def _inference_f32(x: Tensor, w: Tensor | None) -> bool:
-    """float32 on the CPU with no gradient to record (the fused kernels' case)."""
-    if x._device is not CPU or x._data.dtype != np.float32:
-        return False
-    if w is not None and (w._device is not CPU or w._data.dtype != np.float32):
-        return False
-    return not (is_grad_enabled() and (x.requires_grad or (w is not None and w.requires_grad)))
-
-
 def rms_norm(
     input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None
 ) -> Tensor:
@@ -181,10 +174,6 @@ def rms_norm(
         )
     if eps is None:
         eps = _finfo_eps(input._data.dtype)
-    if n == 1 and _inference_f32(input, weight):  # one numba pass, no graph to record
-        from ember.backends.cpu.kernels.llm import rms_norm as kernel
-
-        return Tensor._wrap(kernel(input._data, None if weight is None else weight._data, eps))
     if weight is None:
         return _RMSNorm.apply(input, n=n, eps=eps)
     return _RMSNorm.apply(input, weight, n=n, eps=eps)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
+from ember.kernels.cpu import numba_or_none
 
 _kernels = None
 

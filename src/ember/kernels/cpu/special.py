@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
+from ember.kernels.cpu import numba_or_none
 
 # erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (|error| < 2e-7; Eigen's float erf, also PyTorch's)
 _ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,

@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none, renamed
-from ember.backends.cpu.kernels.special import erf_f32_jit, erf_reference
+from ember.kernels.cpu import numba_or_none, renamed
+from ember.kernels.cpu.special import erf_f32_jit, erf_reference
 
 _K: dict | None = None
 _RSQRT2 = 0.7071067811865476

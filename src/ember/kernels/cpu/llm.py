@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none, renamed
+from ember.kernels.cpu import numba_or_none, renamed
 
 _K: dict | None = None
 # attention uses numba's threads from this many multiply-adds on (queries * keys * heads * dim)
@@ -259,7 +259,7 @@ def rope_qk(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, inte
 def attention_blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale: float):
     """The same attention for many queries: blocks of query rows per key/value head, two BLAS
     products each; only a (rows * group, keys) score block per thread exists at a time."""
-    from ember.backends.cpu.kernels.tiles import run_tiles, scratch
+    from ember.kernels.cpu.tiles import run_tiles, scratch
 
     nb, nt, hq, d = q.shape
     hk = kb.shape[1]

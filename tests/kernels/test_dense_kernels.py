@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ember.backends.cpu.kernels import dense as D
+from ember.kernels.cpu import dense as D
 
 RNG = np.random.default_rng(3)
 
@@ -108,8 +108,8 @@ def test_gelu_keeps_nan_and_saturates():
 def test_avx2_row_kernels_in_a_fresh_process():
     """8-wide vecmath rows and NR = 16 panels (an AVX2-only CPU), forced by EMBER_SGEMM_ISA."""
     code = (
-        "from tests.backends import test_dense_kernels as t\n"
-        "from ember.backends.cpu.kernels import vecmath\n"
+        "from tests.kernels import test_dense_kernels as t\n"
+        "from ember.kernels.cpu import vecmath\n"
         "assert vecmath.symbols()['width'] == 8\n"
         "t.test_linear_matches_torch(37, 40, 100, True, True)\n"
         "t.test_stacked_weights_are_one_linear((40, 33, 7))\n"
@@ -123,8 +123,8 @@ def test_avx2_row_kernels_in_a_fresh_process():
 
 def test_without_numba_the_references_run_in_a_fresh_process():
     code = (
-        "from tests.backends import test_dense_kernels as t\n"
-        "from ember.backends.cpu.kernels import dense as D\n"
+        "from tests.kernels import test_dense_kernels as t\n"
+        "from ember.kernels.cpu import dense as D\n"
         "assert D.pack(t._f32(4, 3)).panels is None\n"
         "t.test_linear_matches_torch(37, 40, 100, True, True)\n"
         "t.test_conv1d_channels_last_matches_torch(2, 13, 31, 40, 3, 2, 1)\n"
@@ -138,7 +138,7 @@ def test_without_numba_the_references_run_in_a_fresh_process():
 
 
 def test_workspace_reuses_by_name_and_shape():
-    from ember.backends.cpu.kernels.workspace import Workspace
+    from ember.kernels.cpu.workspace import Workspace
 
     ws = Workspace(max_buffers=3)
     a = ws("a", (4, 5))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember.backends.cpu.kernels import sgemm as G
+from ember.kernels.cpu import sgemm as G
 from ember.models.fuse import window_offsets
 
 RNG = np.random.default_rng(1)
@@ -52,7 +52,7 @@ def test_microkernels_exist_on_this_cpu():
 def test_avx2_microkernels_match_reference_in_a_fresh_process():
     """The AVX2 family (what an AVX2-only CPU runs) checked here too, forced by EMBER_SGEMM_ISA."""
     code = (
-        "from tests.backends import test_sgemm as t\n"
+        "from tests.kernels import test_sgemm as t\n"
         "assert t.NR == 16, t.NR\n"
         "for case in t.CONV_CASES:\n"
         "    t.test_conv_gemm_matches_reference(*case, 2)\n"

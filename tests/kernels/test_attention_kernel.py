@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ember
-from ember.backends.cpu.kernels import attention as A
+from ember.kernels.cpu import attention as A
 
 RNG = np.random.default_rng(7)
 
@@ -99,8 +99,8 @@ def test_expf_against_numpy():
 def test_avx2_microkernels_in_a_fresh_process():
     """NR = 16, MR = 6 (what an AVX2-only CPU runs), forced by EMBER_SGEMM_ISA."""
     code = (
-        "from tests.backends import test_attention_kernel as t\n"
-        "from ember.backends.cpu.kernels import attention as A\n"
+        "from tests.kernels import test_attention_kernel as t\n"
+        "from ember.kernels.cpu import attention as A\n"
         "assert A._kernels()['nr'] == 16, A._kernels()\n"
         "for case in t.CASES:\n"
         "    t.test_attention_matches_torch(*case, 2)\n"
@@ -114,9 +114,9 @@ def test_avx2_microkernels_in_a_fresh_process():
 def test_reference_runs_without_microkernels_in_a_fresh_process():
     code = (
         "import numpy as np\n"
-        "from ember.backends.cpu.kernels import attention as A\n"
+        "from ember.kernels.cpu import attention as A\n"
         "assert A._kernels() == {}\n"
-        "from tests.backends import test_attention_kernel as t\n"
+        "from tests.kernels import test_attention_kernel as t\n"
         "t.test_attention_matches_torch(*t.CASES[1], 1)\n"
     )
     env = {**os.environ, "EMBER_SGEMM_ISA": "none"}
@@ -126,7 +126,7 @@ def test_reference_runs_without_microkernels_in_a_fresh_process():
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 100, 1500])
 def test_softmax_row_ir_matches_numpy(n):
-    from ember.backends.cpu.kernels import vecmath
+    from ember.kernels.cpu import vecmath
 
     if vecmath.symbols() is None:
         raise AssertionError("no vecmath row kernels: the CI machines have AVX2+FMA")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.backends.cpu.kernels import renamed, special
+from ember.kernels.cpu import renamed, special
 
 _STATE: dict = {}
 
@@ -293,7 +293,7 @@ def symbols() -> dict | None:
     """Compile the row kernels once (symbols registered for numba); None where unavailable."""
     if "ok" not in _STATE:
         _STATE["ok"] = False
-        from ember.backends.cpu.kernels import sgemm as G
+        from ember.kernels.cpu import sgemm as G
 
         if G.isa() is not None:  # llvmlite present, AVX2+FMA at least
             w = 16 if G.isa() == "avx512" else 8

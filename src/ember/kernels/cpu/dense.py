@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
-from ember.backends.cpu.kernels.special import erf_f32, erf_f32_jit
+from ember.kernels.cpu import numba_or_none
+from ember.kernels.cpu.special import erf_f32, erf_f32_jit
 
 _F32 = np.float32
 _I64 = np.int64
@@ -122,7 +122,7 @@ def _build() -> dict:
         "layer_norm": njit(fastmath=fm, **opts)(layer_norm),
         "gelu": njit(**opts)(gelu),
     }
-    from ember.backends.cpu.kernels import vecmath
+    from ember.kernels.cpu import vecmath
 
     if vecmath.symbols() is not None:  # rows at the full vector width (see vecmath)
         i8 = nb.types.int64
@@ -156,7 +156,7 @@ def _kernel(name: str):
 # ------------------------------------------------------------------ entry points
 def packed_shape(out_features: int, depth: int) -> tuple[int, int, int] | None:
     """Shape of the panels ``pack`` makes for a (out_features, depth) weight; None: no panels."""
-    from ember.backends.cpu.kernels import sgemm as G
+    from ember.kernels.cpu import sgemm as G
 
     nr = G.panel_width()
     if nr is None or _kernel("pack") is None:
@@ -190,7 +190,7 @@ def pack(*weights: np.ndarray, out: np.ndarray | None = None) -> Packed:
 
 
 def _gemm(a, rowoff, tapoff, w: Packed, bias, residual, out) -> np.ndarray:
-    from ember.backends.cpu.kernels import sgemm as G
+    from ember.kernels.cpu import sgemm as G
 
     b = np.zeros(w.out_features, _F32) if bias is None else np.asarray(bias, _F32)
     if w.panels is None:
@@ -219,7 +219,7 @@ def linear(x: np.ndarray, w: Packed, bias=None, residual=None, out=None) -> np.n
 
 def conv1d(x, w: Packed, bias=None, stride: int = 1, padding: int = 0, out=None) -> np.ndarray:
     """Channels-last conv1d: x (B, L, C) -> (B, L_out, out), zero padding on both sides."""
-    from ember.backends.cpu.kernels import workspace
+    from ember.kernels.cpu import workspace
 
     nb, n, c = x.shape
     if c != w.in_features:

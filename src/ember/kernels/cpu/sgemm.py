@@ -35,12 +35,11 @@ runs the AVX2 family on an AVX-512 machine (the tests check it), =none the numpy
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
+from ember import config
 from ember.errors import DTypeError, ShapeError
+from ember.kernels.cpu import numba_or_none
 
 _STATE: dict = {}
 MR_MAX = 12  # microkernels are built for 1..MR_MAX rows; the ISA's MR may be smaller
@@ -80,7 +79,7 @@ def _isa(features: dict) -> str | None:
         best = "avx2"
         if features.get("avx512f") and features.get("avx512vl"):
             best = "avx512"
-    want = os.environ.get("EMBER_SGEMM_ISA")
+    want = config.SGEMM_ISA
     if want in ("none", "avx2") and best is not None:
         return None if want == "none" else "avx2"
     return best

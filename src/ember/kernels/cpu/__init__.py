@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from ember import config
+
 _numba = False
 
 
@@ -24,7 +26,7 @@ def numba_or_none():
         # ResNet-50 pass has ~54 regions). Users' own OMP_WAIT_POLICY / GOMP_SPINCOUNT win.
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-        if os.environ.get("EMBER_NO_NUMBA") == "1":
+        if config.NO_NUMBA:
             _numba = None
         else:
             try:
@@ -53,3 +55,37 @@ def renamed(fn, suffix: str):
     )
     g.__qualname__ = f"{fn.__qualname__}_{suffix}"
     return g
+
+
+def have_numba() -> bool:
+    """Whether numba kernels can run here (the registry's ``available`` for them)."""
+    return numba_or_none() is not None
+
+
+# fast-math without "no infinities/NaNs": masked scores are -inf and must stay so
+FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
+
+
+class jit:
+    """A numba kernel compiled on its first call (``@njit(cache=True, nogil=True)``).
+
+    ``jit(fn)(*args)`` compiles fn (or loads it from numba's cache) the first time; options are
+    numba's (``parallel=True``, ``fastmath=...``). ``suffix`` gives a variant its own cache
+    entry (see ``renamed``). Callers check ``have_numba()`` first: without numba this raises.
+    """
+
+    def __init__(self, fn, *, suffix: str | None = None, **options) -> None:
+        self.py = fn if suffix is None else renamed(fn, suffix)
+        opts = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": set(FASTMATH)}
+        opts.update(options)
+        self.options = opts
+        self._compiled = None
+
+    def __call__(self, *args):
+        k = self._compiled
+        if k is None:
+            nb = numba_or_none()
+            if nb is None:
+                raise RuntimeError("numba kernel called without numba (check have_numba() first)")
+            k = self._compiled = nb.njit(**self.options)(self.py)
+        return k(*args)

@@ -1,4 +1,4 @@
-"""LLM kernels (ember.backends.cpu.kernels.llm) against their numpy references, and the fused
+"""LLM kernels (ember.kernels.cpu.llm) against their numpy references, and the fused
 inference paths built on them against the differentiable ops they stand in for."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import ember
-from ember.backends.cpu.kernels import llm
 from ember.generation.cache import CausalMask, KVCache, cached_attention
+from ember.kernels.cpu import llm
 from ember.ops.rope import apply_rotary, apply_rotary_qk
 from tests.helpers import gradcheck
 
@@ -262,7 +262,7 @@ def test_quantized_prefill_threaded_tiles(monkeypatch):
 
 
 def test_run_tiles_covers_every_tile_once_and_reraises():
-    from ember.backends.cpu.kernels.tiles import run_tiles, scratch
+    from ember.kernels.cpu.tiles import run_tiles, scratch
 
     count = np.zeros(37, np.int64)
     sums = np.zeros(37)

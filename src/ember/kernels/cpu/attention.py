@@ -33,8 +33,8 @@ import math
 
 import numpy as np
 
-from ember.backends.cpu.kernels import numba_or_none
 from ember.errors import DTypeError, ShapeError
+from ember.kernels.cpu import numba_or_none
 
 _F32 = np.float32
 _K: dict | None = None
@@ -231,8 +231,8 @@ TASKS_PER_GRAB = 2  # blocks a worker takes from the queue at a time (one head's
 
 def _build() -> dict:
     """Compile (or load from numba's cache) the kernels; {} without numba or microkernels."""
-    from ember.backends.cpu.kernels import sgemm as G
-    from ember.backends.cpu.kernels import vecmath
+    from ember.kernels.cpu import sgemm as G
+    from ember.kernels.cpu import vecmath
 
     nb = numba_or_none()
     micro = G.microkernel()
@@ -309,7 +309,7 @@ def attention(
             return y
         out[...] = y
         return out
-    from ember.backends.cpu.kernels import workspace
+    from ember.kernels.cpu import workspace
     from ember.threads import get_num_threads
 
     ws = workspace.local()  # internal buffers: the same memory from call to call

@@ -1,1 +1,0 @@
-"""Backends: cpu (numpy + numba kernels) and meta (shape-only arrays)."""

@@ -1,1 +1,0 @@
-"""The CPU backend: numpy arrays; numba kernels in kernels/ beside their numpy references."""

@@ -1,0 +1,45 @@
+"""Every ``EMBER_*`` environment switch, read once, in one place.
+
+The values are read when this module is first imported (``import ember`` does it) and mean the
+same in every module. Tests that need another value run a fresh process with the variable set.
+
+| variable | values | effect |
+| --- | --- | --- |
+| ``EMBER_NO_NUMBA`` | ``1`` / ``true`` | never import numba: kernels that need it step aside, ops run their numpy references |
+| ``EMBER_KERNELS`` | ``all`` (default), ``reference`` | ``reference``: the registry picks no kernel |
+| ``EMBER_SGEMM_ISA`` | ``avx512``, ``avx2``, ``none`` | cap the LLVM IR microkernel family (``none``: numpy) |
+| ``EMBER_FUZZ_EXAMPLES`` | an int | tests only: a longer randomised run of the reader fuzzer |
+
+What ember writes into ``os.environ`` on a user's behalf: ``GOMP_SPINCOUNT=10000`` before numba
+starts its OpenMP workers, unless the user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (see
+``ember.kernels.cpu.numba_or_none``).
+"""
+
+from __future__ import annotations
+
+import os
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    v = os.environ.get(name, "").strip().lower()
+    if not v:
+        return default
+    if v not in choices:
+        raise ValueError(f"{name}={v!r}: expected one of {', '.join(choices)}")
+    return v
+
+
+NO_NUMBA: bool = _flag("EMBER_NO_NUMBA")
+KERNELS: str = _choice("EMBER_KERNELS", ("all", "reference"), "all")
+SGEMM_ISA: str | None = _choice("EMBER_SGEMM_ISA", ("avx512", "avx2", "none", "auto"), "auto")
+if SGEMM_ISA == "auto":
+    SGEMM_ISA = None
+FUZZ_EXAMPLES: int | None = (
+    int(os.environ["EMBER_FUZZ_EXAMPLES"]) if os.environ.get("EMBER_FUZZ_EXAMPLES") else None
+)

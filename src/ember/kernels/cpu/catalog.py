@@ -1,0 +1,3 @@
+"""Imports every CPU kernel module, so that each registers its kernels (see kernels.registry)."""
+
+from ember.kernels.cpu import norm  # noqa: F401
