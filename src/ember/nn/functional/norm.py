@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.autograd import Function, is_grad_enabled
-from ember.device import CPU
+from ember.autograd import Function
 from ember.errors import ShapeError
 from ember.nn.functional._util import up
 from ember.tensor import Tensor
