@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from ember.errors import EmberError
+
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -31,7 +33,7 @@ def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
     if not v:
         return default
     if v not in choices:
-        raise ValueError(f"{name}={v!r}: expected one of {', '.join(choices)}")
+        raise EmberError(f"{name}={v!r}: expected one of {', '.join(choices)}")
     return v
 
 
