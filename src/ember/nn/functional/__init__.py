@@ -7,6 +7,7 @@ from ember.nn.functional.attention import *  # noqa: F403
 from ember.nn.functional.layers import *  # noqa: F403
 from ember.nn.functional.loss import *  # noqa: F403
 from ember.nn.functional.norm import *  # noqa: F403
+from ember.ops.attention import varlen_attn
 
 __all__ = [
     *_dropout.__all__,
@@ -15,4 +16,5 @@ __all__ = [
     *layers.__all__,
     *loss.__all__,
     *norm.__all__,
+    "varlen_attn",
 ]
