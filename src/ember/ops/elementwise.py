@@ -145,6 +145,8 @@ mish = _unary(
 class Gelu(Unary):
     """GELU, exact (erf) or with the tanh approximation."""
 
+    kernel_op = "gelu"
+
     @staticmethod
     def f(x, approximate):
         if approximate == "tanh":

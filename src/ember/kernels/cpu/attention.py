@@ -34,7 +34,8 @@ import math
 import numpy as np
 
 from ember.errors import DTypeError, ShapeError
-from ember.kernels.cpu import numba_or_none
+from ember.kernels.cpu import have_numba, jit, numba_or_none
+from ember.kernels.registry import register
 
 _F32 = np.float32
 _K: dict | None = None
@@ -333,3 +334,193 @@ def attention(
     args = (mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, work, queue, out)
     kern["attention"](q, pk, pv, *args)
     return out
+
+
+# ------------------------------------------------------------------ the ops' kernels
+# varlen_attn (ember.ops.attention) on packed sequences, and scaled_dot_product_attention
+# (ember.nn.functional) on dense batches: float32, no gradient recorded, non-causal, as many
+# key heads as query heads.
+
+# A packed batch's short sequences (an encoder's sentences) go to a plain numba loop over
+# (sequence, head) pairs, which runs on the calling thread (it sits between BLAS calls, and
+# handing work from BLAS's threads to numba's costs more than it takes) until the batch holds
+# this many multiply-adds (features * sum of lq * lk); sequences of at least BLOCKED_MIN_KEYS
+# keys go to the blocked kernel above.
+PARALLEL_VARLEN_WORK = 1 << 24
+BLOCKED_MIN_KEYS = 128
+# scaled_dot_product_attention's kernel needs this many queries: the blocked kernel packs K and
+# V on every call, which a decoding step (one query against a long cache) cannot amortize
+SDPA_MIN_QUERIES = 8
+
+
+def _varlen_py(q, k, v, cu_q, cu_k, scale, out):  # pragma: no cover - compiled
+    """out[t, h] = softmax(q[t, h] . k[s, h] * scale) v[s, h] over sequence t's keys s."""
+    nh, d, dv = q.shape[1], q.shape[2], v.shape[2]
+    for p in prange((cu_q.shape[0] - 1) * nh):
+        b = p // nh
+        h = p - b * nh
+        q0, k0 = cu_q[b], cu_k[b]
+        lq, lk = cu_q[b + 1] - q0, cu_k[b + 1] - k0
+        if lq <= 0:
+            continue
+        if lk <= 0:
+            for i in range(lq):
+                out[q0 + i, h, :] = 0.0
+            continue
+        kt = np.empty((d, lk), np.float32)  # keys transposed: the score loop runs along j
+        for j in range(lk):
+            kj = k[k0 + j, h]
+            for e in range(d):
+                kt[e, j] = kj[e]
+        s = np.empty(lk, np.float32)
+        o = np.empty(dv, np.float32)
+        for i in range(lq):
+            qi = q[q0 + i, h]
+            s[:] = 0.0
+            for e in range(d):
+                qe = qi[e] * scale
+                ke = kt[e]
+                for j in range(lk):
+                    s[j] += qe * ke[j]
+            mx = s[0]
+            for j in range(1, lk):
+                mx = max(mx, s[j])
+            den = np.float32(0.0)
+            for j in range(lk):
+                s[j] = np.exp(s[j] - mx)
+                den += s[j]
+            inv = np.float32(1.0) / den
+            o[:] = 0.0
+            for j in range(lk):
+                w = s[j] * inv
+                vj = v[k0 + j, h]
+                for e in range(dv):
+                    o[e] += w * vj[e]
+            oi = out[q0 + i, h]
+            for e in range(dv):
+                oi[e] = o[e]
+
+
+_VARLEN: dict = {}
+
+
+def _varlen_kernel(parallel: bool):
+    if not _VARLEN:
+        nb = numba_or_none()
+        globals()["prange"] = nb.prange
+        fm = {"reassoc", "contract", "arcp", "nsz"}
+        _VARLEN[False] = jit(_varlen_py, fastmath=fm)
+        _VARLEN[True] = jit(_varlen_py, suffix="parallel", fastmath=fm, parallel=True)
+    return _VARLEN[parallel]
+
+
+def varlen_attn_reference(q, k, v, *, cu_q, cu_k, scale, window, rep):
+    """varlen_attn's kernel in numpy: each sequence through ``attention_reference``."""
+    tq, nh, d = q.shape
+    out = np.zeros((tq, nh, v.shape[2]), _F32)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = (int(c) for c in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]))
+        if q1 > q0 and k1 > k0:
+            y = attention_reference(
+                q[None, q0:q1].reshape(1, q1 - q0, nh * d),
+                k[None, k0:k1].reshape(1, k1 - k0, nh * d),
+                v[None, k0:k1].reshape(1, k1 - k0, -1),
+                nh,
+                scale,
+            )
+            out[q0:q1] = y.reshape(q1 - q0, nh, -1)
+    return out
+
+
+def _varlen_applies(q, k, v, *, cu_q, cu_k, scale, window, rep) -> bool:
+    return rep == 1 and window == (-1, -1)
+
+
+@register(
+    "varlen_attn", reference=varlen_attn_reference, when=_varlen_applies, available=have_numba
+)
+def varlen_attn(q, k, v, *, cu_q, cu_k, scale, window, rep) -> np.ndarray:
+    """Attention within each packed sequence of (tokens, heads, head_dim) float32 arrays."""
+    q, k, v = (np.ascontiguousarray(a) for a in (q, k, v))
+    tq, nh, d = q.shape
+    out = np.empty((tq, nh, v.shape[2]), _F32)
+    nq, nk = np.diff(cu_q), np.diff(cu_k)
+    if nk.size and nk.max() >= BLOCKED_MIN_KEYS and v.shape[2] == d and _kernels():
+        # long sequences: the blocked kernel, one call per sequence, or one for all of them
+        # when they have the same length
+        hd = nh * d
+        if (nq == nq[0]).all() and (nk == nk[0]).all() and nq[0] > 0 and nk[0] > 0:
+            b, lq, lk = nq.size, int(nq[0]), int(nk[0])
+            y = out.reshape(b, lq, hd)
+            attention(q.reshape(b, lq, hd), k.reshape(b, lk, hd), v.reshape(b, lk, hd), nh,
+                      scale, out=y)  # fmt: skip
+            return out
+        small = []
+        for i in range(nq.size):
+            q0, q1, k0, k1 = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+            if nk[i] >= BLOCKED_MIN_KEYS and q1 > q0:
+                y = out[q0:q1].reshape(1, q1 - q0, hd)
+                attention(q[None, q0:q1].reshape(1, -1, hd), k[None, k0:k1].reshape(1, -1, hd),
+                          v[None, k0:k1].reshape(1, -1, hd), nh, scale, out=y)  # fmt: skip
+            else:
+                small.append(i)
+        if not small:
+            return out
+        for i in small:  # the rest through the loop kernel, one sequence at a time
+            sl = slice(int(cu_q[i]), int(cu_q[i + 1]))
+            sk = slice(int(cu_k[i]), int(cu_k[i + 1]))
+            one = np.array([0, sl.stop - sl.start], np.int64)
+            onek = np.array([0, sk.stop - sk.start], np.int64)
+            _varlen_kernel(False)(q[sl], k[sk], v[sk], one, onek, _F32(scale), out[sl])
+        return out
+    work = nh * d * int((nq * nk).sum())
+    kern = _varlen_kernel(work >= PARALLEL_VARLEN_WORK)
+    kern(q, k, v, cu_q.astype(np.int64, copy=False), cu_k.astype(np.int64, copy=False),
+         _F32(scale), out)  # fmt: skip
+    return out
+
+
+def _heads_last(a: np.ndarray) -> np.ndarray:
+    """(B, H, L, D) -> (B, L, H*D), a view when the heads sit side by side in memory."""
+    b, h, n, d = a.shape
+    return a.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def _sdpa_applies(q, k, v, *m, scale, causal, rep, dropout_p) -> bool:
+    if causal or rep != 1 or dropout_p or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return False
+    if q.dtype != _F32 or k.dtype != _F32 or v.dtype != _F32:
+        return False
+    b, h, lq, d = q.shape
+    if k.shape[:2] != (b, h) or v.shape != k.shape or k.shape[3] != d or lq < SDPA_MIN_QUERIES:
+        return False
+    if m:  # a key-padding mask only: bool (B or 1, 1, 1, S)
+        mk = m[0]
+        if mk.dtype != np.bool_ or mk.ndim != 4 or mk.shape[1:3] != (1, 1):
+            return False
+        if mk.shape[0] not in (1, b) or mk.shape[3] != k.shape[2]:
+            return False
+    return True
+
+
+def sdpa_reference(q, k, v, *m, scale, causal, rep, dropout_p) -> np.ndarray:
+    """scaled_dot_product_attention's kernel in numpy (``attention_reference`` per head)."""
+    b, h, lq, d = q.shape
+    mask = None if not m else np.broadcast_to(m[0][:, 0, 0, :], (b, k.shape[2]))
+    y = attention_reference(_heads_last(q), _heads_last(k), _heads_last(v), h, scale, mask)
+    return y.reshape(b, lq, h, d).transpose(0, 2, 1, 3)
+
+
+@register(
+    "scaled_dot_product_attention",
+    reference=sdpa_reference,
+    dtypes=None,  # float32 q, k, v and a bool mask: checked in _sdpa_applies
+    when=_sdpa_applies,
+    available=lambda: bool(_kernels()),
+)
+def sdpa_blocked(q, k, v, *m, scale, causal, rep, dropout_p) -> np.ndarray:
+    """Dense (B, H, L, D) attention through the blocked kernel; the heads are read in place."""
+    b, h, lq, d = q.shape
+    mask = None if not m else np.broadcast_to(m[0][:, 0, 0, :], (b, k.shape[2]))
+    y = attention(_heads_last(q), _heads_last(k), _heads_last(v), h, scale, mask)
+    return y.reshape(b, lq, h, d).transpose(0, 2, 1, 3)

@@ -34,6 +34,8 @@ class _SDPA(Function):
     Rows whose every key is masked give zeros (torch's safe softmax).
     """
 
+    kernel_op = "scaled_dot_product_attention"
+
     def meta(self, q, k, v, *m, scale, causal, rep, dropout_p):
         lead = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]) if q.ndim >= 3 else ()
         return lead + q.shape[-3:-1] + (v.shape[-1],) if q.ndim >= 3 else q.shape[:-1] + (

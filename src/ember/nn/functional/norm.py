@@ -86,6 +86,12 @@ class _Norm(Function):
         return tuple(grads)
 
 
+class _LayerNorm(_Norm):
+    """_Norm over the trailing dims, with the layer_norm kernels (ember.kernels.cpu.norm)."""
+
+    kernel_op = "layer_norm"
+
+
 def _affine_args(weight, bias) -> tuple:
     ts = [t for t in (weight, bias) if t is not None]
     return ts, weight is not None, bias is not None
@@ -114,7 +120,9 @@ def layer_norm(
     ts, hw, hb = _affine_args(weight, bias)
     axes = tuple(range(input.ndim - n, input.ndim))
     pshape = (1,) * (input.ndim - n) + ns
-    return _Norm.apply(input, *ts, view=None, axes=axes, eps=eps, pshape=pshape, has_w=hw, has_b=hb)
+    return _LayerNorm.apply(
+        input, *ts, view=None, axes=axes, eps=eps, pshape=pshape, has_w=hw, has_b=hb
+    )
 
 
 class _RMSNorm(Function):

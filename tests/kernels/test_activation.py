@@ -1,0 +1,56 @@
+"""The gelu kernel (kernels/cpu/activation.py) against its reference and torch, and the op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ember
+from ember.kernels import registry
+from ember.kernels.cpu import activation as A
+from tests.helpers import check_kernel
+
+
+def _cases():
+    rng = np.random.default_rng(0)
+    cases = []
+    for shape in [(1,), (3, 7), (2, 5, 64), (4097,), (0, 8), (3, 1536), ()]:
+        x = np.array(rng.standard_normal(shape) * 4, np.float32)
+        cases.append(((x,), {"approximate": "none"}))
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 30.0, -30.0], np.float32)
+    cases.append(((x,), {"approximate": "none"}))
+    return cases
+
+
+def _kernel():
+    (k,) = registry.kernels("gelu")
+    return k
+
+
+def test_gelu_kernel(monkeypatch):
+    check_kernel(_kernel(), cases=_cases(), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(A, "GELU_PARALLEL", 1)  # the multi-threaded variant
+    monkeypatch.setattr(A, "CHUNK", 64)
+    check_kernel(_kernel(), cases=_cases(), rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_reference_matches_torch():
+    x = np.random.default_rng(1).standard_normal(300).astype(np.float32) * 5
+    want = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(_kernel().reference(x, approximate="none"), want, 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_gelu_op_picks_kernel_only_without_graph(grad, monkeypatch):
+    calls = []
+    k = _kernel()
+    fn = k.fn
+    monkeypatch.setattr(k, "fn", lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    x = ember.randn(2, 3, 16, requires_grad=grad)
+    y = ember.nn.functional.gelu(x)
+    assert len(calls) == (0 if grad else 1)
+    want = torch.nn.functional.gelu(torch.from_numpy(x.detach().numpy())).numpy()
+    np.testing.assert_allclose(y.detach().numpy(), want, 1e-6, 1e-6)
+    ember.nn.functional.gelu(x, approximate="tanh")  # the reference path
+    assert len(calls) == (0 if grad else 1)
