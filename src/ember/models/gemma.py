@@ -18,16 +18,19 @@ window, which gives the same numbers as a rolling window cache.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-
-import numpy as np
+from dataclasses import dataclass, field
 
 import ember
-from ember import nn
 from ember.errors import UnsupportedError
-from ember.models.llama import causal_mask, positions, token_ids
-from ember.nn import functional as F
-from ember.ops.rope import apply_rotary, rope_inv_freq, rope_tables
+from ember.models.llama import (
+    DecoderForCausalLM,
+    DecoderSpec,
+    OffsetRMSNorm,
+    check_heads,
+    config_from_dict,
+    nested_rope,
+)
+from ember.ops.rope import rope_inv_freq
 
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
@@ -83,11 +86,7 @@ class GemmaConfig:
         unknown = set(self.layer_types) - {"sliding_attention", "full_attention"}
         if unknown:
             raise UnsupportedError(f"Gemma layer_types {sorted(unknown)} are not supported")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ember.errors.ShapeError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        check_heads(self.num_attention_heads, self.num_key_value_heads)
         act = self.activation
         if act not in _TANH_GELU and act != "gelu":
             raise UnsupportedError(f"Gemma activation {act!r} is not supported ({_TANH_GELU})")
@@ -121,180 +120,40 @@ class GemmaConfig:
             d.setdefault("final_logit_softcapping", 30.0)
         else:
             d["sliding_window"] = None  # Gemma 1 attends globally everywhere
-        if isinstance(d.get("rope_parameters"), dict):  # transformers >= 5 nests rope settings
-            rp = d["rope_parameters"]
-            d.setdefault("rope_theta", rp.get("rope_theta", 10000.0))
-            if rp.get("rope_type", "default") != "default":
-                d.setdefault("rope_scaling", rp)
-        names = {f.name for f in fields(cls)}
-        known = {k: v for k, v in d.items() if k in names}
-        known["extra"] = {k: v for k, v in d.items() if k not in names}
-        return cls(**known)
+        nested_rope(d)
+        return config_from_dict(cls, d)
 
-
-class GemmaRMSNorm(nn.Module):
-    """RMSNorm whose weight is stored as an offset from one: x / rms(x) * (1 + weight)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(ember.zeros(dim))
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), None, self.eps) * (1.0 + self.weight)
-
-    def extra_repr(self) -> str:
-        """Shape and eps."""
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
-
-
-def softcapped_attention(q, k, v, mask, scale: float, softcap: float):
-    """softmax(cap * tanh(q k^T * scale / cap) + mask) v, with key/value heads shared by groups."""
-    if k.dtype != q.dtype:  # the KV cache may hold another dtype than the weights
-        k, v = k.to(q.dtype), v.to(q.dtype)
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    scores = ember.tanh((q @ k.transpose(-1, -2)) * (scale / softcap)) * softcap
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf)
-    return F.softmax(scores, dim=-1) @ v
-
-
-class GemmaAttention(nn.Module):
-    """Grouped-query attention with rotary positions, optional window and logit soft-capping."""
-
-    def __init__(self, cfg: GemmaConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = hd = cfg.head_dim
-        self.scaling = cfg.query_pre_attn_scalar**-0.5
-        self.softcap = cfg.attn_logit_softcapping
-        self.sliding = cfg.layer_types[layer_idx] == "sliding_attention"
-        h, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.num_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * hd, h, bias=bias)
-
-    def forward(self, x, cos, sin, mask, cache=None):
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
-        if self.softcap is None:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True
-            )
-        else:
-            out = softcapped_attention(q, k, v, mask, self.scaling, self.softcap)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
-
-
-class GemmaMLP(nn.Module):
-    """GeGLU feed-forward: down(gelu(gate(x)) * up(x))."""
-
-    def __init__(self, cfg: GemmaConfig) -> None:
-        super().__init__()
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
-        self.approximate = "tanh" if cfg.activation in _TANH_GELU else "none"
-
-    def forward(self, x):
-        g = F.gelu(self.gate_proj(x), approximate=self.approximate)
-        return self.down_proj(g * self.up_proj(x))
-
-
-class GemmaDecoderLayer(nn.Module):
-    """Pre-norm block; Gemma 2 also normalises each sub-block's output before the residual add."""
-
-    def __init__(self, cfg: GemmaConfig, layer_idx: int) -> None:
-        super().__init__()
-        h, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.self_attn = GemmaAttention(cfg, layer_idx)
-        self.mlp = GemmaMLP(cfg)
-        self.input_layernorm = GemmaRMSNorm(h, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
-        self.sandwich = cfg.sandwich_norms
-        if self.sandwich:
-            self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
-            self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
-
-    def forward(self, x, cos, sin, mask, cache=None):
-        a = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
-        if not self.sandwich:  # Gemma: x + attn(norm(x)), then x + mlp(norm(x))
-            x = x + a
-            return x + self.mlp(self.post_attention_layernorm(x))
-        x = x + self.post_attention_layernorm(a)
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-
-
-class GemmaModel(nn.Module):
-    """Embeddings, the decoder stack and the final norm."""
-
-    def __init__(self, cfg: GemmaConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            [GemmaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
+    def decoder_spec(self) -> DecoderSpec:
+        """The decoder's flags: offset RMSNorm, GeGLU, scaled embeddings, Gemma 2's extras."""
+        return DecoderSpec(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_hidden_layers,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            norm_eps=self.rms_norm_eps,
+            norm_offset=True,
+            sandwich_norms=self.sandwich_norms,
+            activation="gelu_tanh" if self.activation in _TANH_GELU else "gelu",
+            qkv_bias=self.attention_bias,
+            o_bias=self.attention_bias,
+            query_scale=self.query_pre_attn_scalar**-0.5,
+            attn_softcap=self.attn_logit_softcapping,
+            sliding_window=self.sliding_window,
+            sliding_layers=tuple(lt == "sliding_attention" for lt in self.layer_types),
+            rope_inv_freq=rope_inv_freq(self.head_dim, self.rope_theta, self.rope_scaling),
+            embed_scale=math.sqrt(self.hidden_size),
+            final_softcap=self.final_logit_softcapping,
+            tie_word_embeddings=self.tie_word_embeddings,
         )
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class GemmaForCausalLM(nn.Module):
+GemmaRMSNorm = OffsetRMSNorm  # x / rms(x) * (1 + weight)
+
+
+class GemmaForCausalLM(DecoderForCausalLM):
     """A Gemma or Gemma 2 decoder with its (usually tied) language-model head."""
 
     config_class = GemmaConfig
-
-    def __init__(self, config: GemmaConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = GemmaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        self._embed_scale = math.sqrt(config.hidden_size)
-
-    def forward(
-        self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
-    ):
-        """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
-        ids = token_ids(input_ids)
-        b, t = ids.shape
-        past = cache.pos if cache is not None else 0
-        pad, pos = positions(ids, past, attention_mask, position_ids)
-        cos, sin = rope_tables(self._inv_freq, pos[:, None, :], np.float32, device=ids._device)
-        full = causal_mask(t, past, pad, None, ids._device)
-        window = self.config.sliding_window
-        local = (
-            causal_mask(t, past, pad, window, ids._device)
-            if "sliding_attention" in self.config.layer_types
-            else None
-        )
-        x = self.model.embed_tokens(ids)
-        # the scale is rounded to the embedding dtype first, as transformers does (bf16: 55.5)
-        x = x * ember.tensor(self._embed_scale, dtype=x.dtype, device=x.device)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, local if layer.self_attn.sliding else full, cache)
-        if cache is not None:
-            cache.advance(t)
-        if logits_to_keep:
-            x = x[:, -logits_to_keep:]
-        logits = self.lm_head(self.model.norm(x))
-        cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits = ember.tanh(logits / cap) * cap
-        return logits
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads per layer (the KV cache's second dim)."""
-        return self.config.num_key_value_heads

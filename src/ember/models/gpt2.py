@@ -13,18 +13,27 @@ checkpoints saved from a bare ``GPT2Model`` (the original ``gpt2`` files: ``h.0.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
-
-import numpy as np
+from dataclasses import dataclass, field
 
 import ember
 from ember import nn
 from ember.errors import UnsupportedError
-from ember.models.llama import causal_mask, positions, token_ids
+from ember.models.llama import (
+    ACTIVATIONS,
+    DecoderForCausalLM,
+    DecoderNames,
+    DecoderSpec,
+    config_from_dict,
+)
 from ember.nn import functional as F
 
-_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-_ACTIVATIONS = (*_GELU_TANH, "gelu", "relu", "silu", "swish")
+_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "relu", "silu", "swish")
+# GPT2LMHeadModel's module names (transformer.h.0.attn.c_attn, ...)
+_NAMES = DecoderNames(
+    model="transformer", embed="wte", pos_embed="wpe", layers="h", final_norm="ln_f",
+    attn="attn", mlp="mlp", attn_norm="ln_1", mlp_norm="ln_2",
+    qkv="c_attn", o="c_proj", up="c_fc", down="c_proj",
+)  # fmt: skip
 _MASK_BUFFER = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)$")
 
 
@@ -104,20 +113,44 @@ class GPT2Config:
     @classmethod
     def from_dict(cls, d: dict) -> GPT2Config:
         """Build from a config.json dict."""
-        names = {f.name for f in fields(cls)}
-        known = {k: v for k, v in d.items() if k in names}
-        known["extra"] = {k: v for k, v in d.items() if k not in names}
-        return cls(**known)
+        return config_from_dict(cls, d)
+
+    def decoder_spec(self) -> DecoderSpec:
+        """The decoder's flags: LayerNorm, learned positions, fused c_attn, a plain gelu MLP."""
+        return DecoderSpec(
+            vocab_size=self.vocab_size,
+            hidden_size=self.n_embd,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.n_layer,
+            num_heads=self.n_head,
+            num_kv_heads=self.n_head,
+            head_dim=self.head_dim,
+            norm="layer",
+            norm_eps=self.layer_norm_epsilon,
+            activation=ACTIVATIONS[self.activation_function],
+            gated=False,
+            mlp_bias=True,
+            qkv_bias=True,
+            o_bias=True,
+            fused_qkv=True,
+            query_scale=None if self.scale_attn_weights else 1.0,
+            scale_by_inverse_layer=self.scale_attn_by_inverse_layer_idx,
+            positions="learned",
+            max_positions=self.n_positions,
+            tie_word_embeddings=self.tie_word_embeddings,
+            linear=Conv1D,
+            names=_NAMES,
+        )
 
 
 class Conv1D(nn.Module):
     """GPT-2's linear layer: y = x W + b with W stored as (in_features, out_features)."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(ember.empty(in_features, out_features))
-        self.bias = nn.Parameter(ember.zeros(out_features))
+        self.bias = nn.Parameter(ember.zeros(out_features)) if bias else None
 
     def forward(self, x):
         return F.linear(x, self.weight.t(), self.bias)
@@ -127,113 +160,10 @@ class Conv1D(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
-def _activation(name: str, x):
-    if name in _GELU_TANH:
-        return F.gelu(x, approximate="tanh")
-    if name == "gelu":
-        return F.gelu(x)
-    return F.relu(x) if name == "relu" else F.silu(x)
-
-
-class GPT2Attention(nn.Module):
-    """Multi-head causal self-attention from one fused q/k/v projection."""
-
-    def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads, self.head_dim = cfg.n_head, cfg.head_dim
-        self.scale = self.head_dim**-0.5 if cfg.scale_attn_weights else 1.0
-        if cfg.scale_attn_by_inverse_layer_idx:
-            self.scale /= layer_idx + 1
-        self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
-
-    def forward(self, x, mask, cache=None):
-        b, t, h = x.shape
-        shape = (b, t, self.num_heads, self.head_dim)
-        q, k, v = (a.reshape(shape).transpose(1, 2) for a in self.c_attn(x).split(h, dim=-1))
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        return self.c_proj(out.transpose(1, 2).reshape(b, t, h))
-
-
-class GPT2MLP(nn.Module):
-    """c_proj(act(c_fc(x)))."""
-
-    def __init__(self, cfg: GPT2Config) -> None:
-        super().__init__()
-        self.c_fc = Conv1D(cfg.n_embd, cfg.intermediate_size)
-        self.c_proj = Conv1D(cfg.intermediate_size, cfg.n_embd)
-        self.act = cfg.activation_function
-
-    def forward(self, x):
-        return self.c_proj(_activation(self.act, self.c_fc(x)))
-
-
-class GPT2Block(nn.Module):
-    """Pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
-
-    def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.attn = GPT2Attention(cfg, layer_idx)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.mlp = GPT2MLP(cfg)
-
-    def forward(self, x, mask, cache=None):
-        x = x + self.attn(self.ln_1(x), mask, cache)
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT2Model(nn.Module):
-    """Token and position embeddings, the blocks and the final LayerNorm."""
-
-    def __init__(self, cfg: GPT2Config) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
-        self.h = nn.ModuleList([GPT2Block(cfg, i) for i in range(cfg.n_layer)])
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-
-
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(DecoderForCausalLM):
     """GPT-2 with its language-model head (tied to the token embeddings)."""
 
     config_class = GPT2Config
-
-    def __init__(self, config: GPT2Config) -> None:
-        super().__init__()
-        self.config = config
-        self.transformer = GPT2Model(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.transformer.wte.weight
-
-    def forward(
-        self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
-    ):
-        """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
-        ids = token_ids(input_ids)
-        b, t = ids.shape
-        past = cache.pos if cache is not None else 0
-        pad, pos = positions(ids, past, attention_mask, position_ids)
-        if pos.size and pos.max() >= self.config.n_positions:
-            raise ember.errors.ShapeError(
-                f"GPT-2 position {int(pos.max())} is past its "
-                f"{self.config.n_positions} learned positions"
-            )
-        mask = causal_mask(t, past, pad, None, ids._device)
-        tr = self.transformer
-        pos_ids = ember.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(ids._device)
-        x = tr.wte(ids) + tr.wpe(pos_ids)
-        for block in tr.h:
-            x = block(x, mask, cache)
-        if cache is not None:
-            cache.advance(t)
-        if logits_to_keep:
-            x = x[:, -logits_to_keep:]
-        return self.lm_head(tr.ln_f(x))
 
     def checkpoint_weights(self, weights: dict) -> dict:
         """Checkpoint names -> this model's: add the ``transformer.`` prefix bare GPT2Model files
@@ -245,18 +175,3 @@ class GPT2LMHeadModel(nn.Module):
             if not _MASK_BUFFER.match(name):
                 out[name] = value
         return out
-
-    def tie_weights(self) -> None:
-        """Make lm_head use the token embedding matrix (dense or quantized)."""
-        from ember.quant.nn import QEmbedding, QLinear
-
-        emb = self.transformer.wte
-        if isinstance(emb, QEmbedding):
-            self.lm_head = QLinear(emb.weight)
-        else:
-            self.lm_head.weight = emb.weight
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads per layer (the KV cache's second dim)."""
-        return self.config.n_head

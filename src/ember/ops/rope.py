@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ember.autograd import Function, is_grad_enabled, meta_array
+from ember.autograd import Function, meta_array
 from ember.device import CPU, META, Device
 from ember.errors import ShapeError
 from ember.tensor import Tensor
@@ -96,15 +96,24 @@ def _rotate(
 
 
 class Rotary(Function):
-    """Rotate pairs of features by position-dependent angles; backward rotates back."""
+    """Rotate pairs of features by position-dependent angles; backward rotates back.
+
+    The float32 kernel (``ember.kernels.cpu.rope``) takes token-major x (b, t, heads, d) with
+    cos/sin (b|1, t, 1, rotary_dim / 2); it runs in training too (backward needs only the angles).
+    """
+
+    kernel_op = "rope"
 
     def meta(self, x, cos, sin, interleaved):
         """x's shape and dtype, without the work (and the x-sized scratch) of a rotation."""
         np.broadcast_shapes(x.shape[:-1], cos.shape[:-1], sin.shape[:-1])  # ValueError: ShapeError
         return x.shape, x.dtype
 
-    def forward(self, x, cos, sin, interleaved):
+    def saved(self, x, cos, sin, interleaved):
         self.cos, self.sin, self.interleaved = cos, sin, interleaved
+
+    def forward(self, x, cos, sin, interleaved):
+        self.saved(x, cos, sin, interleaved)
         return _rotate(
             x, cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False), interleaved, 1.0
         )
@@ -126,43 +135,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
 def apply_rotary_qk(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """RoPE on queries (b, t, hq, d) and keys (b, t, hk, d) with cos/sin (b|1, t, 1, d/2).
-
-    Token-major layout (heads after positions). Without a gradient to record, float32 on the CPU,
-    one kernel rotates both; otherwise this is two ``apply_rotary`` calls.
-    """
-    qd, kd, cd, sd = q._data, k._data, cos._data, sin._data
-    if (
-        qd.ndim == 4
-        and kd.ndim == 4
-        and cd.ndim == 4
-        and cd.shape == sd.shape
-        and cd.shape[1:3] == (qd.shape[1], 1)
-        and cd.shape[0] in (1, qd.shape[0])
-        and qd.shape[:2] == kd.shape[:2]
-        and qd.shape[3] == kd.shape[3] >= 2 * cd.shape[3]
-        and _inference_f32(q, k, cos, sin)
-    ):
-        from ember.kernels.cpu.llm import rope_qk
-
-        b, t, half = qd.shape[0], qd.shape[1], cd.shape[3]
-        c, s = cd.reshape(cd.shape[0], t, half), sd.reshape(sd.shape[0], t, half)
-        if c.shape[0] != b:
-            c, s = np.broadcast_to(c, (b, t, half)), np.broadcast_to(s, (b, t, half))
-        qo, ko = rope_qk(qd, kd, c, s, interleaved)
-        return Tensor._wrap(qo), Tensor._wrap(ko)
+    """RoPE on queries and keys with the same angles: two ``apply_rotary`` calls."""
     return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
 
 
-def _inference_f32(*ts: Tensor) -> bool:
-    """All float32 on the CPU, and no gradient to record."""
-    for t in ts:
-        if t._device is not CPU or t._data.dtype != np.float32:
-            return False
-    if not is_grad_enabled():
-        return True
-    return not any(t.requires_grad for t in ts)
-
-
 __all__ = ["apply_rotary", "apply_rotary_qk", "rope_inv_freq", "rope_cos_sin", "rope_tables"]
-METHODS: dict = {}

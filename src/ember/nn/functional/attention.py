@@ -365,3 +365,148 @@ def multi_head_attention_forward(
 
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
+
+
+# --- attention over a KV cache (decoders) ------------------------------------------------------
+
+
+def _allowed_keys(nb: int, nt: int, n_keys: int, past: int, window: int, pad) -> np.ndarray:
+    """Bool (B, T, n_keys): query i (at position past + i) may see key j; no key -> all keys."""
+    qpos = np.arange(past, past + nt)[:, None]
+    kpos = np.arange(n_keys)[None, :]
+    ok = kpos <= qpos
+    if window > 0:
+        ok &= kpos > qpos - window
+    ok = np.broadcast_to(ok, (nb, nt, n_keys))
+    if pad is not None:
+        ok = ok & pad[:, None, :n_keys]
+    return ok | ~ok.any(-1, keepdims=True)
+
+
+class _CachedAttention(Function):
+    """Causal attention of token-major q (b, t, hq, d) over keys [0, n_keys) of a KV cache.
+
+    ``kc``/``vc`` are the layer's (b, hk, max_len, d) buffers, already holding the new k, v
+    (b, t, hk, d) at [n_keys - t, n_keys); None: the new keys are all the keys. Scores are
+    ``q k^T * scale``, optionally soft-capped (``cap * tanh(s / cap)``), masked causally, by a
+    sliding ``window`` and by ``pad`` (b, >= n_keys; False = a padding slot), then softmaxed. A
+    query that may see no key sees every key. Gradients reach q and the new k, v; the cached
+    past is a constant. Kernels: ``ember.kernels.cpu.cached_attention``.
+    """
+
+    kernel_op = "cached_attention"
+
+    def meta(self, q, k, v, **kw):
+        b, t, hq, _ = q.shape
+        return (b, t, hq * v.shape[-1]), q.dtype
+
+    def forward(self, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap):
+        dt = q.dtype
+        b, t, hq, d = q.shape
+        hk = k.shape[2]
+        rep = hq // hk
+        qf = up(q)
+        cd = qf.dtype
+        kh = up(k).transpose(0, 2, 1, 3).astype(cd, copy=False)  # (b, hk, t, d)
+        vh = up(v).transpose(0, 2, 1, 3).astype(cd, copy=False)
+        if kc is not None and n_keys > t:
+            kh = np.concatenate([up(kc[:, :, : n_keys - t]).astype(cd, copy=False), kh], axis=2)
+            vh = np.concatenate([up(vc[:, :, : n_keys - t]).astype(cd, copy=False), vh], axis=2)
+        n = kh.shape[2]
+        qg = qf.transpose(0, 2, 1, 3).reshape(b, hk, rep, t, d)
+        s = np.matmul(qg, kh[:, :, None].swapaxes(-1, -2)) * cd.type(scale)  # (b, hk, rep, t, n)
+        th = None
+        if softcap:
+            th = np.tanh(s / cd.type(softcap))
+            s = th * cd.type(softcap)
+        ok = _allowed_keys(b, t, n, past, int(window or 0), pad)[:, None, None]
+        s = np.where(ok, s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        o = np.matmul(p, vh[:, :, None])  # (b, hk, rep, t, dv)
+        self.qg, self.kh, self.vh, self.p, self.th = qg, kh, vh, p, th
+        self.scale, self.softcap, self.dts = scale, softcap, (q.dtype, k.dtype, v.dtype)
+        dv = o.shape[-1]
+        return o.reshape(b, hq, t, dv).transpose(0, 2, 1, 3).reshape(b, t, hq * dv).astype(dt)
+
+    def backward(self, g):
+        qg, kh, vh, p = self.qg, self.kh, self.vh, self.p
+        b, hk, rep, t, d = qg.shape
+        dv = vh.shape[-1]
+        go = up(g).reshape(b, t, hk, rep, dv).transpose(0, 2, 3, 1, 4)  # (b, hk, rep, t, dv)
+        need = self.needs_input_grad
+        dq = dk = dvv = None
+        if need[2]:
+            gv = np.matmul(p.swapaxes(-1, -2), go).sum(2)[:, :, -t:]  # (b, hk, t, dv)
+            dvv = gv.transpose(0, 2, 1, 3).astype(self.dts[2], copy=False)
+        if need[0] or need[1]:
+            dp = np.matmul(go, vh[:, :, None].swapaxes(-1, -2))
+            ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+            if self.th is not None:
+                ds *= 1 - self.th * self.th
+            ds *= self.scale
+            if need[0]:
+                gq = np.matmul(ds, kh[:, :, None])  # (b, hk, rep, t, d)
+                dq = gq.reshape(b, hk * rep, t, d).transpose(0, 2, 1, 3)
+                dq = dq.astype(self.dts[0], copy=False)
+            if need[1]:
+                gk = np.matmul(ds.swapaxes(-1, -2), qg).sum(2)[:, :, -t:]
+                dk = gk.transpose(0, 2, 1, 3).astype(self.dts[1], copy=False)
+        return dq, dk, dvv
+
+
+def cached_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask=None,
+    cache=None,
+    layer: int = 0,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Tensor:
+    """Causal attention of token-major query (b, t, hq, d) over the cached and the new key/value.
+
+    key, value: (b, t, hk, d), hq a multiple of hk (grouped-query attention); they are stored in
+    ``cache`` (an ``ember.nn.KVCache``) at its current position first. ``mask``: an
+    ``ember.nn.CausalMask`` (positions, sliding window, left padding; None: causal from the
+    cache's position). scale: None for d ** -0.5. softcap: scores become
+    ``softcap * tanh(scores / softcap)`` before the softmax (Gemma 2). Returns (b, t, hq * d).
+    """
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise ShapeError(
+            "cached_attention: expected token-major (batch, tokens, heads, head_dim) query, key "
+            f"and value, got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    b, t, hq, d = query.shape
+    hk = key.shape[2]
+    if key.shape[:3] != value.shape[:3] or key.shape[3] != d or hq % hk:
+        raise ShapeError(
+            f"cached_attention: query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+            f"{tuple(value.shape)} do not fit (query heads must be a multiple of key heads)"
+        )
+    past = mask.past if mask is not None else (cache.pos if cache is not None else 0)
+    window = mask.window if mask is not None else None
+    pad = mask.pad if mask is not None else None
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    kc = vc = None
+    n_keys = t
+    if cache is not None:
+        n_keys = cache.store(layer, key._data, value._data)
+        kc, vc = cache.k[layer], cache.v[layer]
+    return _CachedAttention.apply(
+        query,
+        key,
+        value,
+        kc=kc,
+        vc=vc,
+        n_keys=n_keys,
+        past=past,
+        window=window,
+        pad=pad,
+        scale=scale,
+        softcap=None if softcap is None else float(softcap),
+    )
+
+
+__all__.append("cached_attention")

@@ -1,0 +1,234 @@
+"""Kernels of the ``cached_attention`` op: causal attention of new queries over a KV cache.
+
+The op (``ember.nn.functional.cached_attention``) is called with token-major queries and the
+new keys/values, ``(batch, tokens, heads, head_dim)`` views of the projections, and the layer's
+cache buffers ``(batch, kv_heads, max_len, head_dim)`` that already hold the new keys/values at
+``[n_keys - tokens, n_keys)`` (``kc=None``: no cache, the new keys are all there is). Grouped
+key/value heads, a sliding window, left padding and tanh soft-capping of the scores are handled
+in place: no transposes, repeats or mask tensors.
+
+- A few queries (decode): one numba pass per query row, scores one row at a time, on numba's
+  threads from PARALLEL_WORK multiply-adds on.
+- A prompt (BLOCKED_MIN_QUERIES queries or more): blocks of query rows per key/value head as two
+  BLAS products on the threads of ``tiles.run_tiles``, at most BLOCK_SCORES scores per block.
+
+``cached_attention_reference`` is the numpy version the tests compare both with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.kernels.cpu import have_numba, jit, numba_or_none
+from ember.kernels.registry import register
+
+# numba's threads from this many multiply-adds on (queries * keys * heads * dim)
+PARALLEL_WORK = 1 << 22
+# from this many new queries on (a prompt), attention runs as blocks of BLAS products instead
+BLOCKED_MIN_QUERIES = 16
+BLOCK_SCORES = 1 << 18  # float32 scores per block (1 MiB)
+BLOCK_ROWS = 64  # query rows per block: later blocks see more keys, earlier ones fewer
+_F32 = np.float32
+
+prange = range  # numba.prange once numba is loaded (see _kernel)
+
+
+def _rows_py(q, kb, vb, n_keys, past, window, pad, has_pad, scale, cap, out):  # pragma: no cover
+    nb_, nt, hq, d = q.shape
+    hk = kb.shape[1]
+    rep = hq // hk
+    ninf = np.float32(-np.inf)
+    for item in prange(nb_ * hk * nt):
+        # rows alternate from both ends, so contiguous ranges of items cost about the same
+        r2 = item % nt
+        i = r2 // 2 if r2 % 2 == 0 else nt - 1 - r2 // 2
+        bg = item // nt
+        b, g = bg // hk, bg % hk
+        qpos = past + i
+        lo = max(0, qpos - window + 1) if window > 0 else 0
+        hi = min(qpos + 1, n_keys)
+        qh = np.empty((rep, d), np.float32)
+        for r in range(rep):
+            for e in range(d):
+                qh[r, e] = q[b, i, g * rep + r, e] * scale
+        s = np.empty((rep, n_keys), np.float32)
+        full = False
+        while True:
+            for j in range(lo, hi):
+                kj = kb[b, g, j]
+                for r in range(rep):
+                    acc = np.float32(0.0)
+                    for e in range(d):
+                        acc += qh[r, e] * kj[e]
+                    if cap > 0:
+                        acc = cap * np.tanh(acc / cap)
+                    s[r, j] = acc
+            if full or not has_pad:
+                break
+            seen = 0
+            for j in range(lo, hi):
+                if pad[b, j]:
+                    seen += 1
+                else:
+                    for r in range(rep):
+                        s[r, j] = ninf
+            if seen > 0:
+                break
+            lo, hi, full = 0, n_keys, True  # a padding row sees no key: let it see all
+        den = np.empty(rep, np.float32)
+        for r in range(rep):
+            mx = ninf
+            for j in range(lo, hi):
+                mx = max(mx, s[r, j])
+            acc = np.float32(0.0)
+            for j in range(lo, hi):
+                p = np.exp(s[r, j] - mx)
+                s[r, j] = p
+                acc += p
+            den[r] = np.float32(1.0) / acc
+        o = np.zeros((rep, d), np.float32)
+        for j in range(lo, hi):
+            vj = vb[b, g, j]
+            for r in range(rep):
+                p = s[r, j]
+                for e in range(d):
+                    o[r, e] += p * vj[e]
+        for r in range(rep):
+            base = (g * rep + r) * d
+            for e in range(d):
+                out[b, i, base + e] = o[r, e] * den[r]
+
+
+_K: dict = {}
+
+
+def _kernel(parallel: bool):
+    if not _K:
+        globals()["prange"] = numba_or_none().prange
+        _K[False] = jit(_rows_py)
+        _K[True] = jit(_rows_py, suffix="parallel", parallel=True)
+    return _K[parallel]
+
+
+def allowed_keys(nb: int, nt: int, n_keys: int, past: int, window: int, pad) -> np.ndarray:
+    """Bool (B, T, n_keys): query i (at position past + i) may see key j; no key -> all keys."""
+    qpos = np.arange(past, past + nt)[:, None]
+    kpos = np.arange(n_keys)[None, :]
+    ok = kpos <= qpos
+    if window > 0:
+        ok &= kpos > qpos - window
+    ok = np.broadcast_to(ok, (nb, nt, n_keys))
+    if pad is not None:
+        ok = ok & pad[:, None, :n_keys]
+    return ok | ~ok.any(-1, keepdims=True)
+
+
+def _buffers(k, v, kc, vc):
+    """The head-major key/value buffers the kernels read: the cache's, or the new keys'."""
+    if kc is not None:
+        return kc, vc
+    return (
+        np.ascontiguousarray(k.transpose(0, 2, 1, 3)),
+        np.ascontiguousarray(v.transpose(0, 2, 1, 3)),
+    )
+
+
+def cached_attention_reference(
+    q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap
+) -> np.ndarray:
+    """softmax(cap(q k^T * scale)) v per head over keys [0, n_keys) of the cache; (B, T, Hq * D)."""
+    nb, nt, hq, d = q.shape
+    kb, vb = _buffers(k, v, kc, vc)
+    hk = kb.shape[1]
+    rep = hq // hk
+    kf = np.repeat(kb[:, :, :n_keys], rep, axis=1).astype(_F32)  # (B, Hq, S, D)
+    vf = np.repeat(vb[:, :, :n_keys], rep, axis=1).astype(_F32)
+    s = np.einsum("bthd,bhsd->bhts", q.astype(_F32), kf) * _F32(scale)
+    if softcap:
+        s = _F32(softcap) * np.tanh(s / _F32(softcap))
+    ok = allowed_keys(nb, nt, n_keys, past, int(window or 0), pad)[:, None]
+    s = np.where(ok, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = np.einsum("bhts,bhsd->bthd", p, vf)
+    return np.ascontiguousarray(o.reshape(nb, nt, hq * d), dtype=_F32)
+
+
+def _blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale: float, cap: float):
+    """Many queries: blocks of query rows per key/value head, two BLAS products each; only a
+    (rows * group, keys) score block per thread exists at a time."""
+    from ember.kernels.cpu.tiles import run_tiles, scratch
+
+    nb, nt, hq, d = q.shape
+    hk = kb.shape[1]
+    rep = hq // hk
+    out = np.empty((nb, nt, hq, d), _F32)
+    rows = max(1, min(BLOCK_ROWS, BLOCK_SCORES // max(1, rep * n_keys)))
+    nblocks = -(-nt // rows)
+
+    def block(i: int) -> None:
+        b, rest = divmod(i, nblocks * hk)
+        r0, g = divmod(rest, hk)
+        r0 *= rows
+        r1 = min(nt, r0 + rows)
+        k0, k1 = 0, n_keys  # the keys this block's rows may see
+        if pad is None:
+            k0 = max(0, past + r0 - window + 1) if window > 0 else 0
+            k1 = min(n_keys, past + r1)
+        pb = None if pad is None else pad[b : b + 1]
+        ok = allowed_keys(1, r1 - r0, n_keys, past + r0, window, pb)[0, :, k0:k1]
+        qg = q[b, r0:r1, g * rep : (g + 1) * rep].reshape((r1 - r0) * rep, d)
+        s = scratch(((r1 - r0) * rep, k1 - k0))
+        np.matmul(qg, kb[b, g, k0:k1].T, out=s)
+        s3 = s.reshape(r1 - r0, rep, k1 - k0)
+        s3 *= _F32(scale)
+        if cap > 0:
+            s3 /= _F32(cap)
+            np.tanh(s3, out=s3)
+            s3 *= _F32(cap)
+        s3 += np.where(ok, _F32(0.0), _F32(-np.inf))[:, None, :]
+        s3 -= s3.max(-1, keepdims=True)
+        np.exp(s3, out=s3)
+        s3 /= s3.sum(-1, keepdims=True)
+        o = np.matmul(s, vb[b, g, k0:k1])
+        out[b, r0:r1, g * rep : (g + 1) * rep] = o.reshape(r1 - r0, rep, d)
+
+    run_tiles(block, nb * nblocks * hk)
+    return out.reshape(nb, nt, hq * d)
+
+
+def _when(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap) -> bool:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[2] % k.shape[2]:
+        return False
+    if kc is None:
+        return True
+    return kc.dtype == _F32 and vc.dtype == _F32 and kc.flags.c_contiguous and vc.flags.c_contiguous
+
+
+@register(
+    "cached_attention",
+    reference=cached_attention_reference,
+    when=_when,
+    available=have_numba,
+)
+def cached_attention(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap) -> np.ndarray:
+    """Causal attention of q (B, T, Hq, D) at positions past.. over cache keys [0, n_keys).
+
+    kc, vc: C-contiguous (B, Hk, max_len, D) buffers holding k, v at [n_keys - T, n_keys), or
+    None (the keys are k, v). window: keys within that many positions (None/0: all). pad: bool
+    (B, >= n_keys), False = a padding slot nobody sees, or None. A query that may see no key
+    at all sees every key (a padding row's output is never used; this keeps it finite).
+    softcap: scores become cap * tanh(score / cap) (None: as they are). Returns (B, T, Hq * D).
+    """
+    kb, vb = _buffers(k, v, kc, vc)
+    w = int(window or 0)
+    cap = float(softcap or 0.0)
+    nb, nt, hq, d = q.shape
+    if nt >= BLOCKED_MIN_QUERIES:
+        return _blocked(q, kb, vb, n_keys, past, w, pad, scale, cap)
+    parallel = nt * n_keys * hq * d >= PARALLEL_WORK
+    out = np.empty((nb, nt, hq * d), _F32)
+    has_pad = pad is not None
+    pad_arr = np.ascontiguousarray(pad, np.bool_) if has_pad else np.ones((1, 1), np.bool_)
+    _kernel(parallel)(q, kb, vb, n_keys, past, w, pad_arr, has_pad, _F32(scale), _F32(cap), out)
+    return out

@@ -1,0 +1,78 @@
+"""Kernels of the ``gated_act`` op (``ember.nn.functional.swiglu`` / ``geglu``): act(gate) * up.
+
+The gate of a gated feed-forward (SwiGLU: silu, GeGLU: gelu, exact or tanh-approximated) in one
+pass over float32 gate and up arrays of one shape (strided views allowed), instead of an
+activation pass, a product pass and the temporary between them. Small arrays (a decode step)
+take a numba loop on the calling thread; from NUMPY_MIN elements on, silu runs as in-place numpy
+passes (numpy's exp is SIMD, numba's calls expf per element).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ember.kernels.cpu import have_numba, jit
+from ember.kernels.registry import register
+
+NUMPY_MIN = 1 << 14  # from this many elements on, silu runs as numpy passes
+_F32 = np.float32
+_ACTS = ("silu", "gelu_tanh", "gelu")
+_C = math.sqrt(2.0 / math.pi)
+
+
+def _glu_py(g, u, kind, out):  # pragma: no cover - compiled
+    rows, n = g.shape
+    one, half = np.float32(1.0), np.float32(0.5)
+    c, a = np.float32(0.7978845608028654), np.float32(0.044715)
+    r2 = np.float32(0.7071067811865476)
+    for r in range(rows):
+        for j in range(n):
+            x = g[r, j]
+            if kind == 0:
+                y = x / (one + np.exp(-x))
+            elif kind == 1:
+                y = half * x * (one + np.tanh(c * (x + a * x * x * x)))
+            else:
+                y = half * x * (one + math.erf(x * r2))
+            out[r, j] = y * u[r, j]
+
+
+_glu = jit(_glu_py)
+
+
+def gated_act_reference(g: np.ndarray, u: np.ndarray, *, act: str) -> np.ndarray:
+    """act(g) * u in float32 (silu: in place on one temporary)."""
+    if act == "silu":
+        t = np.negative(g, dtype=_F32)
+        with np.errstate(over="ignore"):
+            np.exp(t, out=t)
+        t += _F32(1.0)
+        np.divide(g, t, out=t)
+        t *= u
+        return t
+    gf = g.astype(np.float64)
+    if act == "gelu_tanh":
+        y = 0.5 * gf * (1.0 + np.tanh(_C * (gf + 0.044715 * gf**3)))
+    else:
+        from math import erf
+
+        y = 0.5 * gf * (1.0 + np.vectorize(erf, otypes=[np.float64])(gf / math.sqrt(2.0)))
+    return (y * u).astype(_F32)
+
+
+def _when(g, u, *, act) -> bool:
+    return act in _ACTS and g.shape == u.shape and g.ndim >= 1
+
+
+@register("gated_act", reference=gated_act_reference, when=_when, available=have_numba)
+def gated_act(g: np.ndarray, u: np.ndarray, *, act: str) -> np.ndarray:
+    """act(g) * u for float32 arrays of one shape; a new array."""
+    if act == "silu" and g.size >= NUMPY_MIN:
+        return gated_act_reference(g, u, act=act)
+    n = g.shape[-1]
+    out = np.empty(g.shape, _F32)
+    if out.size:
+        _glu(g.reshape(-1, n), u.reshape(-1, n), _ACTS.index(act), out.reshape(-1, n))
+    return out

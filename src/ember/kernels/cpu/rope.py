@@ -1,0 +1,85 @@
+"""Kernel of the ``rope`` op (``ember.ops.rope.Rotary``): rotary embeddings, float32.
+
+Token-major layout: x is (batch, tokens, heads, head_dim), typically a strided view of a
+projection's output, read in place; cos and sin are (batch | 1, tokens, 1, rotary_dim / 2), one
+angle per position shared by every head. Pairs rotate as halves of each head (Hugging Face,
+"half-split") or as adjacent features (GGUF's llama layout, "interleaved"); features past
+rotary_dim (partial rotary) pass through. One numba pass on the calling thread: a decode step
+rotates a few thousand numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.kernels.cpu import have_numba, jit
+from ember.kernels.registry import register
+
+_F32 = np.float32
+
+
+def _rope_py(x, cos, sin, interleaved, out):  # pragma: no cover - compiled
+    nb, nt, nh, d = x.shape
+    half = cos.shape[2]
+    cb = cos.shape[0]
+    for b in range(nb):
+        bc = b if cb > 1 else 0
+        for t in range(nt):
+            c, s = cos[bc, t], sin[bc, t]
+            for h in range(nh):
+                xi, o = x[b, t, h], out[b, t, h]
+                if interleaved:
+                    for i in range(half):
+                        x1, x2 = xi[2 * i], xi[2 * i + 1]
+                        o[2 * i] = x1 * c[i] - x2 * s[i]
+                        o[2 * i + 1] = x2 * c[i] + x1 * s[i]
+                else:
+                    for i in range(half):
+                        x1, x2 = xi[i], xi[half + i]
+                        o[i] = x1 * c[i] - x2 * s[i]
+                        o[half + i] = x2 * c[i] + x1 * s[i]
+                for e in range(2 * half, d):
+                    o[e] = xi[e]
+
+
+_rope = jit(_rope_py)
+
+
+def rope_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool):
+    """Rotate x (..., head_dim) by cos/sin broadcastable to (..., rotary_dim / 2); a new array."""
+    half = cos.shape[-1]
+    rd = 2 * half
+    out = np.array(x, copy=True)
+    if interleaved:
+        x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]
+        out[..., 0:rd:2] = x1 * cos - x2 * sin
+        out[..., 1:rd:2] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., :half], x[..., half:rd]
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half:rd] = x2 * cos + x1 * sin
+    return out
+
+
+def _when(x, cos, sin, *, interleaved) -> bool:
+    """Token-major x (B, T, H, D) with one angle per (batch | 1, position): (B|1, T, 1, half)."""
+    cs = cos.shape
+    return (
+        x.ndim == 4
+        and len(cs) == 4
+        and sin.shape == cs
+        and cs[2] == 1
+        and cs[1] == x.shape[1]
+        and cs[0] in (1, x.shape[0])
+        and 2 * cs[3] <= x.shape[3]
+    )
+
+
+@register("rope", reference=rope_reference, when=_when, available=have_numba)
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool) -> np.ndarray:
+    """Rotated copy of float32 x (B, T, H, D); cos, sin (B|1, T, 1, rotary_dim / 2)."""
+    out = np.empty(x.shape, _F32)
+    c = cos.reshape(cos.shape[0], cos.shape[1], cos.shape[3])
+    s = sin.reshape(sin.shape[0], sin.shape[1], sin.shape[3])
+    _rope(x, c, s, bool(interleaved), out)
+    return out
