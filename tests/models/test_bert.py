@@ -12,7 +12,6 @@ import transformers
 import ember
 from ember.cli.main import main as cli_main
 from ember.errors import ShapeError, UnsupportedError
-from ember.kernels.cpu import encoder as K
 from ember.models.bert import BertConfig, BertModel, checkpoint_weights
 from ember.models.sentence import SentenceTransformer, default_model_dir, pool
 
@@ -153,46 +152,6 @@ def test_packed_equals_padded_and_errors(tmp_path):
         model.forward_packed(ids[real], cu[:-1])
     with pytest.raises(UnsupportedError, match="hidden_act"):
         BertConfig(hidden_act="tanh_magic")
-
-
-def test_kernels_match_references(monkeypatch):
-    """Feature-major (features, tokens) kernels vs their numpy references and torch."""
-    rng = np.random.default_rng(6)
-    n, h, heads = 23, 40, 5
-    cu = np.array([0, 1, 9, 9, 23])
-    qkv = rng.standard_normal((3 * h, n), np.float32)
-    bias = rng.standard_normal(3 * h).astype(np.float32)
-    want = K.packed_attention_reference(qkv, bias, cu, heads, 0.3)
-    # torch on sequence 2 (columns 1:9)
-    x = torch.from_numpy((qkv + bias[:, None])[:, 1:9].T.copy())
-    q, k, v = (t.reshape(8, heads, h // heads).transpose(0, 1) for t in x.split(h, 1))
-    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.3)
-    np.testing.assert_allclose(want[:, 1:9], o.transpose(0, 1).reshape(8, h).T.numpy(), atol=1e-5)
-    np.testing.assert_allclose(K.packed_attention(qkv, bias, cu, heads, 0.3), want, atol=1e-5)
-    monkeypatch.setattr(K, "PARALLEL_ATTENTION_WORK", 1)  # the multi-threaded variant
-    np.testing.assert_allclose(K.packed_attention(qkv, bias, cu, heads, 0.3), want, atol=1e-5)
-    for n in (1, 37):
-        x = rng.standard_normal((h, n), np.float32)
-        hh = rng.standard_normal((h, n), np.float32)
-        b, w, beta = (rng.standard_normal(h).astype(np.float32) for _ in range(3))
-        t = [torch.from_numpy(a) for a in ((x + hh + b[:, None]).T, w, beta)]
-        want = torch.nn.functional.layer_norm(t[0], (h,), t[1], t[2], 1e-12)
-        got = K.add_layer_norm_(x.copy(), hh.copy(), b, w, beta, 1e-12)
-        np.testing.assert_allclose(got, want.numpy().T, atol=1e-5)
-        np.testing.assert_allclose(
-            K.add_layer_norm_reference(x, hh, b, w, beta, 1e-12), got, atol=1e-5
-        )
-        u = rng.standard_normal((h, n), np.float32) * 3
-        want = torch.nn.functional.gelu(torch.from_numpy(u + b[:, None])).numpy()
-        np.testing.assert_allclose(K.bias_gelu_(u.copy(), b), want, atol=1e-6)
-        np.testing.assert_allclose(K.bias_gelu_reference(u, b), want, atol=1e-6)
-        tables = [rng.standard_normal((k, h), np.float32) for k in (30, 12, 2)]
-        idx = [rng.integers(0, k, n) for k in (30, 12, 2)]
-        want = K.embed_layer_norm_reference(*tables, *idx, w, beta, 1e-5)
-        assert want.shape == (h, n)
-        np.testing.assert_allclose(
-            K.embed_layer_norm(*tables, *idx, w, beta, 1e-5), want, atol=1e-5
-        )
 
 
 # --- the pipeline ---------------------------------------------------------------------------

@@ -4,22 +4,22 @@ Module and parameter names follow Hugging Face's ``BertModel`` (``embeddings.wor
 ``encoder.layer.N.attention.self.query``, ...), so a checkpoint's state dict loads as is; the
 ``bert.`` prefix of task checkpoints (``BertForMaskedLM`` and friends) is stripped on load.
 
-Two paths compute the same function:
+The layers take a batch in one of two layouts, and ``forward`` picks one:
 
-- ``forward`` on the padded (batch, seq) grid with ember ops and
-  ``F.scaled_dot_product_attention``: differentiable, used for training and whenever a gradient
-  is wanted.
-- inference (no gradient, eval mode) packs the real tokens into one (tokens, hidden) matrix, so
-  padding costs nothing: each linear layer is one BLAS call on real tokens, and attention,
-  bias+GELU and residual+LayerNorm are fused numba kernels (``ember.kernels.cpu.encoder``).
-  Padding positions of ``last_hidden_state`` are zeros there (Hugging Face leaves whatever its
-  encoder computed for them); real tokens match.
+- padded: (batch, seq, hidden) with a key-padding mask and ``F.scaled_dot_product_attention``,
+  as Hugging Face computes it (padding positions included). Used when a gradient is recorded or
+  attention dropout is on.
+- packed: the real tokens only, one (tokens, hidden) matrix with ``cu_seqlens`` marking where
+  each sequence starts, and ``F.varlen_attn`` (attention within each sequence): padding costs
+  nothing. Used otherwise (inference); ``forward_packed`` takes such input directly. Padding
+  positions of ``last_hidden_state`` are zeros there; real tokens match.
+
+Both are the same ops; their kernels (attention, layer norm, GELU) are picked by the ops.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,7 +31,7 @@ from ember import nn
 from ember.errors import FormatError, ShapeError, UnsupportedError
 from ember.nn import functional as F
 
-# hidden_act (config.json) -> (ember function, name of the packed-path variant)
+# hidden_act (config.json) -> the ember activation
 _ACTS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
@@ -155,8 +155,20 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(h, h)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: ember.Tensor, mask: ember.Tensor | None) -> ember.Tensor:
-        """x (batch, seq, hidden); mask bool (batch, 1, 1, seq), True = attend."""
+    def forward(self, x: ember.Tensor, mask: ember.Tensor | None, packed=None) -> ember.Tensor:
+        """x (batch, seq, hidden), mask bool (batch, 1, 1, seq) with True = attend, or None.
+
+        packed: (cu_seqlens, max_seqlen) when x is (tokens, hidden), sequences end to end.
+        """
+        if packed is not None:
+            n = x.shape[0]
+            q, k, v = (
+                lin(x).view(n, self.num_heads, self.head_dim)
+                for lin in (self.query, self.key, self.value)
+            )
+            cu, longest = packed
+            o = F.varlen_attn(q, k, v, cu, cu, longest, longest)
+            return o.reshape(n, self.num_heads * self.head_dim)
         b, t, _ = x.shape
         q, k, v = (
             lin(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -189,9 +201,9 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: ember.Tensor, mask: ember.Tensor | None) -> ember.Tensor:
+    def forward(self, x: ember.Tensor, mask: ember.Tensor | None, packed=None) -> ember.Tensor:
         """Post-norm attention block."""
-        return self.output(self.self(x, mask), x)
+        return self.output(self.self(x, mask, packed), x)
 
 
 class BertIntermediate(nn.Module):
@@ -230,9 +242,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertLayerOutput(cfg)
 
-    def forward(self, x: ember.Tensor, mask: ember.Tensor | None) -> ember.Tensor:
-        """x (batch, seq, hidden) -> same shape."""
-        x = self.attention(x, mask)
+    def forward(self, x: ember.Tensor, mask: ember.Tensor | None, packed=None) -> ember.Tensor:
+        """x (batch, seq, hidden), or (tokens, hidden) when packed -> same shape."""
+        x = self.attention(x, mask, packed)
         return self.output(self.intermediate(x), x)
 
 
@@ -243,10 +255,10 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList([BertLayer(cfg) for _ in range(cfg.num_hidden_layers)])
 
-    def forward(self, x: ember.Tensor, mask: ember.Tensor | None) -> ember.Tensor:
-        """Run every block."""
+    def forward(self, x: ember.Tensor, mask: ember.Tensor | None, packed=None) -> ember.Tensor:
+        """Run every block (packed: (cu_seqlens, max_seqlen) of a (tokens, hidden) x)."""
         for layer in self.layer:
-            x = layer(x, mask)
+            x = layer(x, mask, packed)
         return x
 
 
@@ -316,54 +328,47 @@ class BertModel(nn.Module):
     ) -> BertOutput:
         """Encode a (batch, seq) batch; attention_mask 1/True marks real tokens, 0 padding."""
         ids, mask, tt, pos = self._inputs(input_ids, attention_mask, token_type_ids, position_ids)
-        if self._use_packed():
-            return self._forward_packed(ids, mask, tt, pos)
-        amask = None if mask.all() else ember.from_numpy(mask[:, None, None, :].copy())
-        x = self.embeddings(
-            ember.from_numpy(ids), ember.from_numpy(tt), ember.from_numpy(np.ascontiguousarray(pos))
-        )
-        x = self.encoder(x, amask)
+        if self._padded():
+            amask = None if mask.all() else ember.from_numpy(mask[:, None, None, :].copy())
+            x = self.embeddings(
+                ember.from_numpy(ids),
+                ember.from_numpy(tt),
+                ember.from_numpy(np.ascontiguousarray(pos)),
+            )
+            x = self.encoder(x, amask)
+        else:  # padding removed: the real tokens packed, then put back in their places
+            b, t = mask.shape
+            real = mask.reshape(-1)
+            flat = np.flatnonzero(real)
+            cu = np.zeros(b + 1, np.int64)
+            np.cumsum(mask.sum(axis=1), out=cu[1:])
+            x = self._encode_packed(ids.reshape(-1)[flat], pos.reshape(-1)[flat],
+                                    tt.reshape(-1)[flat], cu)  # fmt: skip
+            if len(flat) < b * t:  # padding rows read a zero row appended to x
+                where = np.full(b * t, len(flat), np.int64)
+                where[flat] = np.arange(len(flat))
+                x = F.pad(x, (0, 0, 0, 1))[ember.from_numpy(where)]
+            x = x.reshape(b, t, -1)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BertOutput(x, pooled)
 
-    def _use_packed(self) -> bool:
-        """Inference: eval mode, on the CPU, and no gradient wanted for any parameter."""
-        if self.training or self.embeddings.word_embeddings.weight.device.type != "cpu":
-            return False
-        if ember.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-            return False
-        return self._weights_float32()
+    def _padded(self) -> bool:
+        """Whether to run on the padded grid: a gradient is recorded, or attention dropout."""
+        if self.training and self.config.attention_probs_dropout_prob > 0:
+            return True
+        return ember.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
 
-    def _weights_float32(self) -> bool:
-        w = self.embeddings.word_embeddings.weight
-        return isinstance(w, ember.Tensor) and w._data.dtype == np.float32
-
-    def _forward_packed(self, ids, mask, tt, pos) -> BertOutput:
-        """The inference path: real tokens only, fused kernels (see the module docstring)."""
-        b, t = mask.shape
-        flat = np.flatnonzero(mask.reshape(-1))
-        cu = np.zeros(b + 1, np.int64)
-        np.cumsum(mask.sum(axis=1), out=cu[1:])
-        x = encode_packed(
-            self, ids.reshape(-1)[flat], pos.reshape(-1)[flat], tt.reshape(-1)[flat], cu
-        )
-        if len(flat) == b * t:
-            hidden = x.reshape(b, t, -1)
-        else:
-            hidden = np.zeros((b * t, x.shape[1]), np.float32)
-            hidden[flat] = x
-            hidden = hidden.reshape(b, t, -1)
-        pooled = None
-        if self.pooler is not None:
-            d = self.pooler.dense
-            pooled = ember.from_numpy(np.tanh(hidden[:, 0] @ d.weight._data.T + d.bias._data))
-        return BertOutput(ember.from_numpy(hidden), pooled)
+    def _encode_packed(self, ids, pos, tt, cu) -> ember.Tensor:
+        """Hidden states (tokens, hidden) of packed sequences: sequence b is rows cu[b]:cu[b+1]."""
+        x = self.embeddings(ember.from_numpy(ids), ember.from_numpy(tt), ember.from_numpy(pos))
+        return self.encoder(x, None, (cu, int(np.diff(cu).max(initial=0))))
 
     def forward_packed(self, input_ids, cu_seqlens, token_type_ids=None) -> ember.Tensor:
         """Hidden states (tokens, hidden) of sequences packed end to end, no padding anywhere.
 
         input_ids: 1-d, every sequence's tokens one after the other; sequence b is
-        ``input_ids[cu_seqlens[b]:cu_seqlens[b + 1]]``. Inference only (no gradient).
+        ``input_ids[cu_seqlens[b]:cu_seqlens[b + 1]]``. Differentiable; attention dropout is not
+        applied (the packed attention has none), so training with it needs ``forward``.
         """
         cfg = self.config
         ids = _array(input_ids).reshape(-1)
@@ -383,10 +388,7 @@ class BertModel(nn.Module):
         if cfg.position_offset is not None:
             pos += cfg.position_offset + 1
         self._check_ranges(ids, tt, pos, int(n.max(initial=0)))
-        if not self._weights_float32() or self.training:
-            raise UnsupportedError("forward_packed needs float32 weights and eval mode")
-        with ember.no_grad():
-            return ember.from_numpy(encode_packed(self, ids, pos, tt, cu))
+        return self._encode_packed(ids, pos, tt, cu)
 
     def _check_ranges(self, ids, tt, pos, t: int) -> None:
         cfg = self.config
@@ -459,71 +461,3 @@ def _legacy_name(name: str) -> str:
             "LayerNorm.beta", "LayerNorm.bias"
         )
     return name
-
-
-# --- the packed inference path ----------------------------------------------------------------
-
-
-def _act_(u: np.ndarray, bias: np.ndarray, name: str) -> np.ndarray:
-    """u <- act(u + bias) in place, u feature-major (features, tokens)."""
-    from ember.kernels.cpu import encoder as K
-
-    kind = _ACTS[name]
-    if kind == "gelu":
-        return K.bias_gelu_(u, bias)
-    u += bias[:, None]
-    if kind == "gelu_tanh":
-        u[...] = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u**3)))
-    elif kind == "relu":
-        np.maximum(u, 0, out=u)
-    else:
-        u *= 1 / (1 + np.exp(-u))
-    return u
-
-
-def encode_packed(model: BertModel, ids, pos, tt, cu) -> np.ndarray:
-    """Hidden states (tokens, hidden) of packed sequences: sequence b is rows cu[b]:cu[b+1].
-
-    Activations are feature-major inside, (features, tokens), so each linear layer is one BLAS
-    call ``W @ x`` on the checkpoint's weight as stored (see kernels/encoder.py for why).
-    """
-    from ember.kernels.cpu import encoder as K
-
-    cfg = model.config
-    e = model.embeddings
-    x = K.embed_layer_norm(
-        e.word_embeddings.weight._data, e.position_embeddings.weight._data,
-        e.token_type_embeddings.weight._data, ids, pos, tt, e.LayerNorm.weight._data,
-        e.LayerNorm.bias._data, cfg.layer_norm_eps,
-    )  # fmt: skip
-    hidden, n = x.shape
-    scale = 1.0 / math.sqrt(cfg.head_dim)
-    qkv = np.empty((3 * hidden, n), np.float32)
-    for layer in model.encoder.layer:
-        sa, so = layer.attention.self, layer.attention.output
-        projections = (sa.query, sa.key, sa.value)
-        for i, lin in enumerate(projections):  # straight into the rows of one (3H, n) matrix
-            np.matmul(lin.weight._data, x, out=qkv[i * hidden : (i + 1) * hidden])
-        bias = np.concatenate([lin.bias._data for lin in projections])
-        ctx = K.packed_attention(qkv, bias, cu, sa.num_heads, scale)
-        ln = so.LayerNorm
-        K.add_layer_norm_(
-            x,
-            so.dense.weight._data @ ctx,
-            so.dense.bias._data,
-            ln.weight._data,
-            ln.bias._data,
-            ln.eps,
-        )
-        inter, out = layer.intermediate.dense, layer.output
-        u = _act_(inter.weight._data @ x, inter.bias._data, cfg.hidden_act)
-        ln = out.LayerNorm
-        K.add_layer_norm_(
-            x,
-            out.dense.weight._data @ u,
-            out.dense.bias._data,
-            ln.weight._data,
-            ln.bias._data,
-            ln.eps,
-        )
-    return np.ascontiguousarray(x.T)
