@@ -15,8 +15,6 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import numpy as np
-
 import ember
 from ember import nn
 from ember.errors import FormatError, ShapeError
@@ -110,22 +108,10 @@ class ViTSelfAttention(nn.Module):
     def forward(self, x: ember.Tensor) -> ember.Tensor:
         """(N, T, D) -> (N, T, D) attention output before the output projection."""
         n, t, d = x.shape
-        q, k, v = self.query(x), self.key(x), self.value(x)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if _blocked_attention_applies(q, k, v):  # inference: heads read in place, no transposes
-            from ember.kernels.cpu.attention import attention
-
-            return ember.Tensor._wrap(attention(q._data, k._data, v._data, self.num_heads, scale))
         split = lambda y: y.reshape(n, t, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731
-        o = F.scaled_dot_product_attention(split(q), split(k), split(v), scale=scale)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        o = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim))
         return o.transpose(1, 2).reshape(n, t, d)
-
-
-def _blocked_attention_applies(*xs: ember.Tensor) -> bool:
-    """float32 CPU tensors without a gradient to record (kernels.attention's case)."""
-    return all(
-        not x.requires_grad and x.device.type == "cpu" and x._data.dtype == np.float32 for x in xs
-    )
 
 
 class ViTSelfOutput(nn.Module):
