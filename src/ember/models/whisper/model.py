@@ -22,10 +22,6 @@ import ember
 from ember import nn
 from ember.errors import FormatError, ShapeError
 from ember.generation.cache import KVCache
-from ember.kernels.cpu import attention as A
-from ember.kernels.cpu import dense as D
-from ember.kernels.cpu import workspace
-from ember.kernels.cpu.workspace import Workspace
 from ember.nn import functional as F
 from ember.tensor import Tensor
 
@@ -89,10 +85,6 @@ class WhisperAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def qkv_projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-        """q_proj, k_proj, v_proj."""
-        return self.q_proj, self.k_proj, self.v_proj
-
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of x, split into heads."""
         return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
@@ -133,18 +125,6 @@ class WhisperEncoderLayer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.self_attn(self.self_attn_layer_norm(x))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
-
-    def infer(self, x: np.ndarray, batch: int, ws: Workspace) -> np.ndarray:
-        """forward on a (batch * frames, d_model) float32 array (intermediates in ws)."""
-        attn, (n, d) = self.self_attn, x.shape
-        h = _layer_norm(self.self_attn_layer_norm, x, ws("h", (n, d)))
-        qkv = _linear(attn.qkv_projections(), h, ws, "qkv").reshape(batch, n // batch, 3 * d)
-        q, k, v = qkv[..., :d], qkv[..., d : 2 * d], qkv[..., 2 * d :]
-        o = A.attention(q, k, v, attn.num_heads, out=ws("o", q.shape)).reshape(n, d)
-        x = _linear([attn.out_proj], o, ws, "attn", residual=x)
-        h = _layer_norm(self.final_layer_norm, x, ws("h", (n, d)))
-        u = D.gelu_(_linear([self.fc1], h, ws, "fc1"))
-        return _linear([self.fc2], u, ws, "fc2", residual=x)
 
 
 class WhisperDecoderLayer(nn.Module):
@@ -196,79 +176,12 @@ class WhisperEncoder(nn.Module):
                 f"WhisperEncoder: expected (batch, {self.conv1.in_channels}, <= {2 * n_pos}) "
                 f"log-mel features, got {tuple(x.shape)}"
             )
-        if _inference(self, x):
-            return Tensor._wrap(self.infer(x._data))
         x = F.gelu(self.conv1(x))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.embed_positions.weight[: x.shape[1]]
         for layer in self.layers:
             x = layer(x)
         return self.layer_norm(x)
-
-    def infer(self, features: np.ndarray) -> np.ndarray:
-        """forward on float32 arrays, without autograd: the inference path.
-
-        The same function as ``forward``, on token-major (frames, d_model) arrays: the convs and
-        linear layers run on the packed-weight GEMM with bias and residual adds in its epilogue,
-        attention is the blocked kernel (kernels.attention), norms and GELU are numba passes.
-        Intermediates live in the thread's workspace (the same memory from call to call).
-        """
-        c1, c2, d = self.conv1, self.conv2, self.embed_positions.weight.shape[1]
-        b, ws = features.shape[0], workspace.local()
-        x = _conv1d(c1, features.transpose(0, 2, 1), ws, "conv1")  # (b, frames, d)
-        x = _conv1d(c2, D.gelu_(x.reshape(-1, d)).reshape(b, -1, d), ws, "conv2")
-        t = x.shape[1]
-        x = D.gelu_(x.reshape(b * t, d), add=self.embed_positions.weight._data[:t])
-        for layer in self.layers:
-            x = layer.infer(x, b, ws)
-        return _layer_norm(self.layer_norm, x, np.empty((b * t, d), np.float32)).reshape(b, t, d)
-
-
-def _inference(module: nn.Module, x: Tensor) -> bool:
-    """Whether the numpy inference path may run: float32 on the CPU and no gradient wanted."""
-    if x.device.type != "cpu" or x._data.dtype != np.float32:
-        return False
-    params = list(module.parameters())
-    if any(p._data.dtype != np.float32 for p in params):
-        return False
-    return not (
-        ember.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))
-    )
-
-
-def _linear(lins: list, x: np.ndarray, ws: Workspace, name: str, residual=None) -> np.ndarray:
-    """The linear layers side by side as one GEMM on x (tokens, features), + residual.
-
-    The weights are packed on every call (about 1 ms for all of tiny's encoder), never cached:
-    a cached copy would go stale when a weight changes in place. Output and packed weight go
-    in ws under name (so the output must not be needed after the next call of that name).
-    """
-    weights = [lin.weight._data for lin in lins]
-    o = sum(w.shape[0] for w in weights)
-    shape = D.packed_shape(o, x.shape[1])
-    w = D.pack(*weights, out=None if shape is None else ws(name + ".w", shape))
-    biases = [np.zeros(lin.out_features, np.float32) if lin.bias is None else lin.bias._data
-              for lin in lins]  # fmt: skip
-    bias = np.concatenate(biases) if len(biases) > 1 else biases[0]
-    return D.linear(x, w, bias, residual, out=ws(name, (x.shape[0], o)))
-
-
-def _conv1d(conv: nn.Conv1d, x: np.ndarray, ws: Workspace, name: str) -> np.ndarray:
-    """conv(x) on channels-last (batch, length, channels) arrays."""
-    bias = None if conv.bias is None else conv.bias._data
-    o, c, k = conv.weight.shape
-    shape = D.packed_shape(o, k * c)
-    w = D.pack(conv.weight._data, out=None if shape is None else ws(name + ".w", shape))
-    s, p = conv.stride[0], conv.padding[0]
-    lout = (x.shape[1] + 2 * p - k) // s + 1
-    return D.conv1d(x, w, bias, stride=s, padding=p, out=ws(name, (x.shape[0], lout, o)))
-
-
-def _layer_norm(norm: nn.LayerNorm, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """norm(x) over the last axis of a (tokens, features) array, into out."""
-    w = None if norm.weight is None else norm.weight._data
-    b = None if norm.bias is None else norm.bias._data
-    return D.layer_norm(x, w, b, norm.eps, out=out)
 
 
 class WhisperDecoder(nn.Module):
