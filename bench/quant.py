@@ -97,7 +97,7 @@ def q8_int_matvec():
             y[n] = acc
 
     def run(q, x):
-        from ember.quant.kernels import f16_table
+        from ember.kernels.cpu.quant._common import f16_table
 
         xb = x.reshape(-1, 32)
         xd = (np.abs(xb).max(1) / 127).astype(np.float32)

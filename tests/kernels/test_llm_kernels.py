@@ -243,18 +243,19 @@ def test_linear_group_fuses_quantized_weights_and_follows_replacements():
 
 
 def test_quantized_prefill_threaded_tiles(monkeypatch):
-    """The multi-threaded prefill path of ember.quant.kernels (tiles taken in turn)."""
-    from ember.quant import dequantize, kernels, quantize_array
+    """The multi-threaded prefill path of ember.kernels.cpu.quant (tiles taken in turn)."""
+    from ember.kernels.cpu.quant import _common
+    from ember.quant import QTensor, dequantize, quantize_array
 
-    monkeypatch.setattr(kernels, "THREAD_TILE_BYTES", 16 * 64 * 4)  # 16 rows: ragged last tile
+    monkeypatch.setattr(_common, "THREAD_TILE_BYTES", 16 * 64 * 4)  # 16 rows: ragged last tile
     rng = np.random.default_rng(9)
-    n, k, m = 70, 64, 13
+    n, k, m = 70, 64, 20
     raw = quantize_array(rng.standard_normal((n, k)).astype(np.float32), "Q4_1")
     x = _f32(rng, m, k)
     before = ember.get_num_threads()
     ember.set_num_threads(2)
     try:
-        got = kernels.matmul_t(raw, "Q4_1", (n, k), x)
+        got = QTensor(raw, "Q4_1", (n, k)).matmul_t(x)
     finally:
         ember.set_num_threads(before)
     want = x @ dequantize(raw, "Q4_1", (n, k)).T

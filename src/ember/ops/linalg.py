@@ -262,37 +262,66 @@ class Linear(Function):
 
 
 class QLinear(Function):
-    """x @ W.T + b where W is a quantized weight (``qweight.matmul_t``); no gradient for W."""
+    """x @ W.T + b where W is a quantized weight (a QTensor); no gradient for W.
+
+    ``forward`` is the reference and the autograd path: it decodes W a block of rows at a time
+    (``qweight.dequantize_rows``) and multiplies each with BLAS, so the whole float32 W never
+    exists at once; backward does the same for x's gradient. The kernels registered for
+    ``linear_q`` (``ember.kernels.cpu.quant``, one per block format) run instead when they
+    apply, also while a graph is recorded (``saved``). A weight object that only offers
+    ``matmul_t(x)`` (and maybe ``dequantize()``) multiplies itself.
+    """
+
+    kernel_op = "linear_q"
+    ROW_BLOCK_ELEMENTS = 1 << 20  # forward/backward decode about this many weights at a time
+
+    def saved(self, x, b=None, *, qweight):
+        self.qweight = qweight
+
+    def _row_blocks(self, n: int, k: int):
+        step = max(1, self.ROW_BLOCK_ELEMENTS // max(k, 1))
+        return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
 
     def forward(self, x, b=None, *, qweight):
         self.qweight = qweight
         lead = x.shape[:-1]
         m = _prod(lead)
-        x2 = x.reshape(m, x.shape[-1])
+        k = x.shape[-1]
+        x2 = x.reshape(m, k)
         if x2.dtype != _F32:
             x2 = x2.astype(_F32)
-        if m == 1:  # decode: a contiguous float32 vector takes QTensor's matrix-vector kernel
-            out = np.asarray(qweight.matmul_t(np.ascontiguousarray(x2[0]))).reshape(1, -1)
+        n = int(qweight.shape[0])
+        if hasattr(qweight, "dequantize_rows"):
+            out = np.zeros((m, n), _F32)
+            if m and k:
+                for r0, r1 in self._row_blocks(n, k):
+                    out[:, r0:r1] = x2 @ qweight.dequantize_rows(r0, r1).T
         else:
-            out = np.asarray(qweight.matmul_t(x2))
+            out = np.asarray(qweight.matmul_t(x2), dtype=_F32)
         if b is not None:
             out = out + _up(b)
-        return out.astype(x.dtype, copy=False).reshape(lead + (out.shape[-1],))
+        return out.astype(x.dtype, copy=False).reshape(lead + (n,))
 
     def meta(self, x, b=None, *, qweight):
         return x.shape[:-1] + (int(qweight.shape[0]),), x.dtype
 
     def backward(self, g):
-        out_f = int(self.qweight.shape[0])
-        g2 = _up(g).reshape(-1, out_f)
+        q = self.qweight
+        n, k = (int(s) for s in q.shape)
+        g2 = _up(g).reshape(-1, n)
         gx = gb = None
         if self.needs_input_grad[0]:
-            if not hasattr(self.qweight, "dequantize"):
+            if hasattr(q, "dequantize_rows"):
+                gx = np.zeros((g2.shape[0], k), _F32)
+                for r0, r1 in self._row_blocks(n, k):
+                    gx += g2[:, r0:r1] @ q.dequantize_rows(r0, r1)
+            elif hasattr(q, "dequantize"):
+                gx = g2 @ np.asarray(q.dequantize(), dtype=_F32)
+            else:
                 raise AutogradError(
                     "linear: the input gradient through a quantized weight needs dequantize()"
                 )
-            w = np.asarray(self.qweight.dequantize(), dtype=_F32)
-            gx = (g2 @ w).reshape(g.shape[:-1] + (w.shape[1],))
+            gx = gx.reshape(g.shape[:-1] + (k,))
         if len(self.needs_input_grad) > 1 and self.needs_input_grad[1]:
             gb = g2.sum(0)
         return gx, gb

@@ -4,6 +4,7 @@ Array level only for now; ``QLinear`` and ``ember.quant.quantize(model, ...)`` c
 ``ember.nn`` exists (the name ``quantize`` is kept free for that).
 """
 
+from ember.kernels.cpu.quant import KERNEL_TYPES
 from ember.quant.formats import (
     FORMATS,
     QUANTIZE_TYPES,
@@ -15,7 +16,6 @@ from ember.quant.formats import (
     nbytes_of,
 )
 from ember.quant.formats import quantize as quantize_array
-from ember.quant.kernels import KERNEL_TYPES
 from ember.quant.qtensor import QTensor
 
 

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ember.errors import DTypeError, ShapeError
-from ember.quant import kernels
+from ember.errors import ShapeError
 from ember.quant.formats import BlockFormat, as_bytes, block_format, dequantize, quantize
 
 
@@ -31,7 +30,7 @@ class QTensor:
         self.qtype = fmt.name
         self.shape = shape
         self._fmt: BlockFormat = fmt
-        self._w3: np.ndarray | None = None
+        self._w3: tuple | None = None  # (data, its 3-d view), see blocks3d
 
     @classmethod
     def from_float(cls, array: np.ndarray, qtype: str) -> QTensor:
@@ -67,32 +66,34 @@ class QTensor:
         out = self.dequantize()
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def matmul_t(self, x: np.ndarray) -> np.ndarray:
-        """``x @ W.T`` for x of shape (..., in_features): float32 of shape (..., out_features)."""
-        if self._w3 is not None and type(x) is np.ndarray and x.ndim == 1:
-            # decode hot path: a float32 vector against a weight that already passed checks
-            if x.dtype == np.float32 and x.shape[0] == self.shape[1] and x.flags.c_contiguous:
-                return kernels.matvec_blocks(kernels.numba_kernels(), self._w3, self.qtype, x)
+    def blocks3d(self) -> np.ndarray:
+        """The packed bytes of a 2-d weight as a (rows, blocks per row, bytes per block) view."""
+        cached = self._w3
+        if cached is not None and cached[0] is self.data:
+            return cached[1]
         if self.ndim != 2:
-            raise ShapeError(f"QTensor.matmul_t: needs a 2-d weight, this one is {self.shape}")
+            raise ShapeError(f"QTensor: needs a 2-d weight, this one is {self.shape}")
         n, k = self.shape
-        x = np.asarray(x)
-        if x.ndim == 0 or x.shape[-1] != k:
-            raise ShapeError(
-                f"QTensor.matmul_t: x of shape {x.shape} does not fit a ({n}, {k}) weight "
-                f"(x @ W.T needs x.shape[-1] == {k})"
-            )
-        if x.dtype.kind not in "fiub":
-            raise DTypeError(f"QTensor.matmul_t: x must be real, got dtype {x.dtype}")
-        lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
-        if x2.shape[0] == 1 and n and k and self.qtype in kernels.KERNEL_TYPES:
-            mod = kernels.numba_kernels()
-            if mod is not None:
-                if self._w3 is None:  # validated once; later vectors take the path above
-                    self._w3 = self.data.reshape(n, k // self.block_size, self._fmt.type_size)
-                return kernels.matvec_blocks(mod, self._w3, self.qtype, x2[0]).reshape(*lead, n)
-        return kernels.matmul_t(self.data, self.qtype, (n, k), x2).reshape(*lead, n)
+        data = self.data
+        as_bytes(data, self._fmt, self.shape, f"QTensor({self.qtype}, {self.shape})")  # rechecks
+        w3 = data.reshape(-1).view(np.uint8).reshape(n, k // self.block_size, self._fmt.type_size)
+        self._w3 = (data, w3)
+        return w3
+
+    def dequantize_rows(self, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[r0, r1)`` of a 2-d weight as float32 (r1 - r0, in_features), into out if given."""
+        from ember.kernels.cpu import quant
+
+        return quant.dequantize_rows(self, r0, r1, out)
+
+    def matmul_t(self, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T`` for x of shape (..., in_features): float32 of shape (..., out_features).
+
+        The same kernels as ``F.linear(x, W)`` (``ember.kernels.cpu.quant``).
+        """
+        from ember.kernels.cpu import quant
+
+        return quant.matmul_t(self, x)
 
     def __repr__(self) -> str:
         return (

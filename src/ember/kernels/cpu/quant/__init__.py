@@ -1,0 +1,80 @@
+"""Quantized kernels, one module per GGUF block format, behind the ``linear_q`` op.
+
+``q8_0``, ``q4_0``, ``q4_1``, ``q4_k``, ``q5_k``, ``q6_k``: each holds its numba bodies
+(matrix-vector, small-batch GEMM, row dequantization) and its numpy reference, bundled in a
+``_common.QuantKernels`` and registered as ``linear_<format>`` for the ``linear_q`` op (the
+``QLinear`` Function of ``ember.ops.linalg``) under "the weight is a 2-d QTensor of this
+format, x is float32". What they share (checks, f16 table, the threading split, the prefill
+tiles, the references) is in ``_common``.
+
+:func:`matmul_t` and :func:`dequantize_rows` serve ``QTensor.matmul_t`` and
+``QTensor.dequantize_rows``: the same kernels, picked by the same registry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember import config
+from ember.errors import DTypeError, ShapeError
+from ember.kernels import registry
+
+KERNEL_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+_F32 = np.dtype(np.float32)
+
+
+def matmul_t(qweight, x: np.ndarray) -> np.ndarray:
+    """``x @ W.T`` for a 2-d QTensor W and x of shape (..., K): float32 (..., N).
+
+    The ``linear_q`` kernel that applies runs (as ``F.linear`` would pick it), else the numpy
+    reference.
+    """
+    if len(qweight.shape) != 2:
+        raise ShapeError(f"QTensor.matmul_t: needs a 2-d weight, this one is {qweight.shape}")
+    n, k = qweight.shape
+    if type(x) is not np.ndarray or x.dtype != _F32:
+        x = np.asarray(x)
+        if x.dtype.kind not in "fiub":
+            raise DTypeError(f"QTensor.matmul_t: x must be real, got dtype {x.dtype}")
+        x = x.astype(_F32)
+    if x.ndim == 0 or x.shape[-1] != k:
+        raise ShapeError(
+            f"QTensor.matmul_t: x of shape {x.shape} does not fit a ({n}, {k}) weight "
+            f"(x @ W.T needs x.shape[-1] == {k})"
+        )
+    kw = {"qweight": qweight}
+    kernel = registry.pick("linear_q", "cpu", (x,), kw)
+    if kernel is not None:
+        return kernel.fn(x, qweight=qweight)
+    from ember.kernels.cpu.quant._common import linear_reference
+
+    return linear_reference(x, qweight=qweight)
+
+
+def dequantize_rows(qweight, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows ``[r0, r1)`` of a 2-d QTensor as float32, by its format's kernel where it has one."""
+    from ember.kernels.cpu.quant._common import FORMATS
+
+    if len(qweight.shape) != 2:
+        raise ShapeError(f"dequantize_rows: needs a 2-d weight, this one is {qweight.shape}")
+    registry.kernels("linear_q")  # imports the format modules (they fill FORMATS)
+    fmt = FORMATS.get(qweight.qtype)
+    n, k = qweight.shape
+    if fmt is not None and config.KERNELS != "reference":
+        return fmt.dequantize_rows(qweight.blocks3d(), r0, r1, out)
+    from ember.quant.formats import dequantize
+
+    r0, r1 = int(r0), int(r1)
+    if not 0 <= r0 <= r1 <= n:
+        raise ShapeError(f"dequantize_rows: row range [{r0}, {r1}) outside 0..{n}")
+    w3 = qweight.blocks3d()[r0:r1]
+    rows = dequantize(w3.reshape(r1 - r0, w3.shape[1] * w3.shape[2]), qweight.qtype, (r1 - r0, k))
+    if out is None:
+        return rows
+    if out.shape != rows.shape or out.dtype != _F32:
+        raise ShapeError(
+            f"dequantize_rows: out must be a float32 array of shape {rows.shape}, "
+            f"got {out.dtype} {out.shape}"
+        )
+    out[...] = rows
+    return out

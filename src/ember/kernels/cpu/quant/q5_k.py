@@ -1,0 +1,121 @@
+"""Q5_K kernels: super-blocks of 256 5-bit values (176 bytes), value d * sc * q - dmin * m.
+
+Layout: d:f16, dmin:f16, 12 bytes of eight 6-bit (scale, min) pairs (as Q4_K), 32 bytes qh of
+fifth bits (bit s of byte j: element j of sub-block s), 128 bytes of nibbles (32 bytes g hold
+sub-block 2g in the low nibbles, 2g + 1 in the high). ``linear_q5_k`` is the ``linear_q`` op's
+kernel for Q5_K QTensors; the numpy reference is ``dequantize_reference``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.kernels.cpu.quant._common import (
+    F32,
+    PREFETCH_BYTES,
+    U8,
+    QuantKernels,
+    f16,
+    prange,
+    prefetch,
+    scale_min_k4,
+)
+from ember.quant.dequant import DEQUANTIZERS
+
+dequantize_reference = DEQUANTIZERS["Q5_K"]  # (blocks, 176) uint8 -> (blocks, 256) float32
+
+
+def _mv(w, lut, x, y, chunk):  # pragma: no cover - compiled
+    """y = W @ x."""
+    n_rows, nb, bs = w.shape
+    ahead = (PREFETCH_BYTES + bs - 1) // bs  # blocks
+    for c in prange((n_rows + chunk - 1) // chunk):
+        t = np.empty(32, np.float32)
+        for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
+            t[:] = 0
+            for b in range(nb):
+                prefetch(w, n, b + ahead, 0)
+                prefetch(w, n, b + ahead, 64)
+                prefetch(w, n, b + ahead, 128)
+                d = f16(lut, w[n, b, 0], w[n, b, 1])
+                dmin = f16(lut, w[n, b, 2], w[n, b, 3])
+                for g in range(4):
+                    s0, m0 = scale_min_k4(w, n, b, 2 * g)
+                    s1, m1 = scale_min_k4(w, n, b, 2 * g + 1)
+                    d0 = d * F32(s0)
+                    o0 = -(dmin * F32(m0))
+                    d1 = d * F32(s1)
+                    o1 = -(dmin * F32(m1))
+                    for j in range(32):
+                        v = w[n, b, 48 + 32 * g + j]
+                        h = w[n, b, 16 + j] >> (2 * g)
+                        lo = U8((v & 15) | ((h & 1) << 4))
+                        hi = U8((v >> 4) | ((h & 2) << 3))
+                        xa = x[b, 64 * g + j]
+                        xb = x[b, 64 * g + 32 + j]
+                        t[j] += (d0 * F32(lo) + o0) * xa + (d1 * F32(hi) + o1) * xb
+            y[n] = t.sum()
+
+
+def _mm(w, lut, x, y, chunk):  # pragma: no cover - compiled
+    """y = x @ W.T for the M rows of x, each super-block decoded once."""
+    n_rows, nb, bs = w.shape
+    m = x.shape[0]
+    ahead = (PREFETCH_BYTES + bs - 1) // bs
+    for c in prange((n_rows + chunk - 1) // chunk):
+        t = np.empty((m, 32), np.float32)
+        q = np.empty(256, np.float32)
+        for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
+            t[:] = 0
+            for b in range(nb):
+                prefetch(w, n, b + ahead, 0)
+                prefetch(w, n, b + ahead, 64)
+                prefetch(w, n, b + ahead, 128)
+                d = f16(lut, w[n, b, 0], w[n, b, 1])
+                dmin = f16(lut, w[n, b, 2], w[n, b, 3])
+                for g in range(4):
+                    s0, m0 = scale_min_k4(w, n, b, 2 * g)
+                    s1, m1 = scale_min_k4(w, n, b, 2 * g + 1)
+                    d0 = d * F32(s0)
+                    o0 = dmin * F32(m0)
+                    d1 = d * F32(s1)
+                    o1 = dmin * F32(m1)
+                    for j in range(32):
+                        v = w[n, b, 48 + 32 * g + j]
+                        h = w[n, b, 16 + j] >> (2 * g)
+                        q[64 * g + j] = d0 * F32(U8((v & 15) | ((h & 1) << 4))) - o0
+                        q[64 * g + 32 + j] = d1 * F32(U8((v >> 4) | ((h & 2) << 3))) - o1
+                for i in range(m):
+                    for s in range(8):
+                        for j in range(32):
+                            t[i, j] += q[32 * s + j] * x[i, b, 32 * s + j]
+            for i in range(m):
+                y[i, n] = t[i].sum()
+
+
+def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
+    """Rows r0..r1 of W into out[(r1 - r0), K]."""
+    nb = w.shape[1]
+    for i in prange(r1 - r0):
+        n = r0 + i
+        for b in range(nb):
+            d = f16(lut, w[n, b, 0], w[n, b, 1])
+            dmin = f16(lut, w[n, b, 2], w[n, b, 3])
+            for g in range(4):
+                s0, m0 = scale_min_k4(w, n, b, 2 * g)
+                s1, m1 = scale_min_k4(w, n, b, 2 * g + 1)
+                d0 = d * F32(s0)
+                o0 = dmin * F32(m0)
+                d1 = d * F32(s1)
+                o1 = dmin * F32(m1)
+                for j in range(32):
+                    v = w[n, b, 48 + 32 * g + j]
+                    h = w[n, b, 16 + j] >> (2 * g)
+                    lo = U8((v & 15) | ((h & 1) << 4))
+                    hi = U8((v >> 4) | ((h & 2) << 3))
+                    out[i, 256 * b + 64 * g + j] = (d0 * F32(lo) - o0) * unit[j]
+                    out[i, 256 * b + 64 * g + 32 + j] = (d1 * F32(hi) - o1) * unit[j]
+
+
+Q5_K = QuantKernels("Q5_K", mv=_mv, mm=_mm, dq=_dq, dequantize_reference=dequantize_reference)
+linear_q5_k = Q5_K.register()
