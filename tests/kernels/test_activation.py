@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -54,3 +59,22 @@ def test_gelu_op_picks_kernel_only_without_graph(grad, monkeypatch):
     np.testing.assert_allclose(y.detach().numpy(), want, 1e-6, 1e-6)
     ember.nn.functional.gelu(x, approximate="tanh")  # the reference path
     assert len(calls) == (0 if grad else 1)
+
+
+@pytest.mark.parametrize("env", [{"EMBER_SGEMM_ISA": "avx2"}, {"EMBER_NO_NUMBA": "1"}])
+def test_in_a_fresh_process(env):
+    """8-wide vecmath rows (an AVX2-only CPU); without numba the op's reference."""
+    code = (
+        "import pytest\n"
+        "from ember.kernels.cpu import vecmath\n"
+        "from tests.kernels import test_activation as t\n"
+        "if 'EMBER_SGEMM_ISA' in __import__('os').environ:\n"
+        "    assert vecmath.symbols()['width'] == 8\n"
+        "    t.test_gelu_kernel(pytest.MonkeyPatch())\n"
+        "else:\n"
+        "    assert not t._kernel().applies([t._cases()[1][0][0]], {'approximate': 'none'})\n"
+        "t.test_gelu_op_picks_kernel_only_without_graph(True, pytest.MonkeyPatch())\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, **env}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)

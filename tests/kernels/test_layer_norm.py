@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -67,3 +72,16 @@ def test_layer_norm_op_picks_kernel_only_without_graph(grad, monkeypatch):
     np.testing.assert_allclose(y.detach().numpy(), ref, 2e-6, 2e-6)
     ember.nn.functional.layer_norm(x, (3, 16))  # over two dims: the reference path
     assert len(calls) == (0 if grad else 1)
+
+
+def test_without_numba_the_op_runs_its_reference_in_a_fresh_process():
+    code = (
+        "import pytest\n"
+        "from tests.kernels import test_layer_norm as t\n"
+        "assert not t._kernel().applies([t._cases()[2][0][0]], t._cases()[2][1])\n"
+        "t.test_layer_norm_op_picks_kernel_only_without_graph(True, pytest.MonkeyPatch())\n"
+        "t.test_layer_norm_reference_matches_torch()\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "EMBER_NO_NUMBA": "1"}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
