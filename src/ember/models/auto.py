@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ember
 from ember.errors import FormatError, UnsupportedError
-from ember.models._weights import assign_weights, tie_embeddings
+from ember.models._weights import assign_weights
 
 # GGUF tensor names -> Hugging Face names (llama.cpp's naming, llama-family blocks)
 _GGUF_BLOCK = {
@@ -110,8 +110,15 @@ class AutoModelForCausalLM:
     """Pick the architecture from the file and load it (torch/transformers-style entry point)."""
 
     @staticmethod
-    def from_pretrained(path: str | os.PathLike, dtype=None, quantize: str | None = None):
-        """Load from a .gguf file or a directory holding config.json and (sharded) safetensors."""
+    def from_pretrained(
+        path: str | os.PathLike, dtype=None, quantize: str | None = None, stack: bool = True
+    ):
+        """Load from a .gguf file or a directory holding config.json and (sharded) safetensors.
+
+        quantize: a block type for the float linears (e.g. "q8_0"). stack: run q/k/v and
+        gate/up as one product each (``ember.inference.stack_linears``; same numbers, parameters
+        and state_dict).
+        """
         p = Path(path)
         if p.is_file() and p.suffix == ".gguf":
             model = _from_gguf(p, dtype)
@@ -125,6 +132,10 @@ class AutoModelForCausalLM:
             from ember.quant import quantize as quantize_model
 
             quantize_model(model, quantize)
+        if stack:
+            from ember.inference.stack import stack_linears
+
+            stack_linears(model)
         return model
 
 
@@ -149,7 +160,7 @@ def _from_gguf(path: Path, dtype):
         weights[hf] = QTensor(info.data, info.qtype, info.shape) if info.is_quantized else info.data
     assign_weights(model, weights, dtype, strict=not cfg["tie_word_embeddings"])
     if cfg["tie_word_embeddings"]:
-        tie_embeddings(model)
+        model.tie_weights()
     model.source = str(path)
     model.gguf_metadata = f.metadata
     return model
@@ -170,9 +181,7 @@ def _from_hf_dir(path: Path, dtype):
         weights = model.checkpoint_weights(weights)
     tied = model.config.tie_word_embeddings and "lm_head.weight" not in weights
     assign_weights(model, weights, dtype, strict=not tied)
-    if tied and hasattr(model, "tie_weights"):  # the family knows where its embeddings live
+    if tied:  # the family knows where its embeddings live
         model.tie_weights()
-    elif tied:
-        tie_embeddings(model)
     model.source = str(path)
     return model

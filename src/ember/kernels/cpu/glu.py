@@ -44,22 +44,20 @@ _glu = jit(_glu_py)
 
 def gated_act_reference(g: np.ndarray, u: np.ndarray, *, act: str) -> np.ndarray:
     """act(g) * u in float32 (silu: in place on one temporary)."""
-    if act == "silu":
-        t = np.negative(g, dtype=_F32)
-        with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf stay as the kernel's do
+        if act == "silu":
+            t = np.negative(g, dtype=_F32)
             np.exp(t, out=t)
-        t += _F32(1.0)
-        np.divide(g, t, out=t)
-        t *= u
-        return t
-    gf = g.astype(np.float64)
-    if act == "gelu_tanh":
-        y = 0.5 * gf * (1.0 + np.tanh(_C * (gf + 0.044715 * gf**3)))
-    else:
-        from math import erf
-
-        y = 0.5 * gf * (1.0 + np.vectorize(erf, otypes=[np.float64])(gf / math.sqrt(2.0)))
-    return (y * u).astype(_F32)
+            t += _F32(1.0)
+            np.divide(g, t, out=t)
+            t *= u
+            return t
+        gf = g.astype(np.float64)
+        if act == "gelu_tanh":
+            y = 0.5 * gf * (1.0 + np.tanh(_C * (gf + 0.044715 * gf**3)))
+        else:
+            y = 0.5 * gf * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(gf / math.sqrt(2.0)))
+        return (y * u).astype(_F32)
 
 
 def _when(g, u, *, act) -> bool:

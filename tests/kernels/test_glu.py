@@ -1,0 +1,90 @@
+"""The gated_act op's kernel (kernels.cpu.glu: swiglu / geglu) against its reference, torch, and
+the op's closed-form backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ember
+from ember.kernels import registry
+from ember.kernels.cpu import glu
+from ember.nn import functional as F
+from tests.helpers import check_kernel, gradcheck
+
+ACTS = ["silu", "gelu_tanh", "gelu"]
+
+
+def _cases(act):
+    rng = np.random.default_rng(0)
+    cases = []
+    for shape in [(0, 4), (1, 1), (3, 7, 40), (2, 33), (70, 300)]:  # 70 x 300: silu's numpy path
+        gu = (rng.standard_normal(shape[:-1] + (2 * shape[-1],)) * 30).astype(np.float32)
+        g, u = gu[..., : shape[-1]], gu[..., shape[-1] :]  # views of one fused projection
+        cases.append(((g, u), {"act": act}))
+    g = np.array([[-100.0, -88.5, 0.0, np.nan, np.inf, -np.inf, 50.0]], np.float32)
+    cases.append(((g, np.ones_like(g)), {"act": act}))  # exp overflow, NaN and infinities
+    return cases
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_gated_act_kernel(act):
+    (k,) = registry.kernels("gated_act")
+    check_kernel(k, cases=_cases(act), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_silu_kernel_both_paths(small, monkeypatch):
+    monkeypatch.setattr(glu, "NUMPY_MIN", 1 << 40 if small else 0)
+    (k,) = registry.kernels("gated_act")
+    check_kernel(k, cases=_cases("silu")[:4], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_op_matches_torch(act):
+    rng = np.random.default_rng(1)
+    g = (rng.standard_normal((4, 9, 24)) * 4).astype(np.float32)
+    u = rng.standard_normal((4, 9, 24)).astype(np.float32)
+    tg, tu = torch.from_numpy(g), torch.from_numpy(u)
+    if act == "silu":
+        want, got = (
+            torch.nn.functional.silu(tg) * tu,
+            F.swiglu(ember.from_numpy(g), ember.from_numpy(u)),
+        )
+    else:
+        approx = "tanh" if act == "gelu_tanh" else "none"
+        want = torch.nn.functional.gelu(tg, approximate=approx) * tu
+        got = F.geglu(ember.from_numpy(g), ember.from_numpy(u), approximate=approx)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    (k,) = registry.kernels("gated_act")
+    np.testing.assert_allclose(k.reference(g, u, act=act), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["silu", "tanh", "none"])
+def test_gradients(act):
+    fn = F.swiglu if act == "silu" else (lambda g, u: F.geglu(g, u, approximate=act))
+    gradcheck(fn, [(3, 5), (3, 5)])
+
+
+def test_kernel_runs_in_training_with_the_same_gradient(monkeypatch):
+    calls = []
+    (k,) = registry.kernels("gated_act")
+    fn = k.fn
+    monkeypatch.setattr(k, "fn", lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    rng = np.random.default_rng(2)
+    ga, ua = (rng.standard_normal((2, 6)).astype(np.float32) for _ in range(2))
+    g, u = ember.from_numpy(ga).requires_grad_(), ember.from_numpy(ua).requires_grad_()
+    F.swiglu(g, u).sum().backward()
+    assert calls == [1]
+    tg, tu = torch.from_numpy(ga).requires_grad_(), torch.from_numpy(ua).requires_grad_()
+    (torch.nn.functional.silu(tg) * tu).sum().backward()
+    np.testing.assert_allclose(g.grad.numpy(), tg.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(u.grad.numpy(), tu.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_errors():
+    with pytest.raises(ember.errors.ShapeError, match="differ"):
+        F.swiglu(ember.zeros(2, 3), ember.zeros(2, 4))
+    with pytest.raises(ValueError, match="approximate"):
+        F.geglu(ember.zeros(2), ember.zeros(2), approximate="fast")
