@@ -1,4 +1,4 @@
-"""ember's packed-weight GEMM (kernels.sgemm) vs numpy's BLAS vs torch, on the shapes the model zoo
+"""ember's packed-weight GEMM (kernels.cpu.gemm) vs numpy's BLAS vs torch, on the shapes the model zoo
 runs, plus the cost of one parallel region. One process, the same inputs, ember's weight packed
 beforehand (as optimize_for_inference does), float32.
 
@@ -50,7 +50,7 @@ def linear_row(label, m, k, n, repeat) -> str:
     """One (M, K, N) product on the three engines."""
     import torch
 
-    from ember.kernels.cpu import sgemm as G
+    from ember.kernels.cpu import gemm as G
 
     rng = np.random.default_rng(0)
     a, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
@@ -74,9 +74,9 @@ def conv_row(repeat) -> str:
     """ResNet-50's 3x3 conv at 28x28x128 (stride 1, pad 1), batch 1."""
     import torch
 
-    from ember.kernels.cpu import conv_nhwc as K
-    from ember.kernels.cpu import sgemm as G
-    from ember.models.fuse import window_offsets
+    from ember.kernels.cpu import conv as K
+    from ember.kernels.cpu import gemm as G
+    from ember.kernels.cpu.conv import window_offsets
 
     h = w = 28
     c = o = 128
@@ -127,7 +127,7 @@ def main() -> None:
     args = ap.parse_args()
     from threadpoolctl import threadpool_limits
 
-    from ember.kernels.cpu import sgemm as G
+    from ember.kernels.cpu import gemm as G
 
     head = (
         "| product | ember us | ember GFLOP/s | numpy BLAS GFLOP/s | torch GFLOP/s | "

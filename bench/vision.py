@@ -41,7 +41,7 @@ def build_engines(threads: int, size: int, batches: list[int]) -> dict:
     from tests.models.vision import twins
 
     import ember
-    from ember.models.fuse import optimize_for_inference
+    from ember.inference import optimize_for_inference
     from ember.models.vision import resnet50
 
     set_threads(threads)
@@ -158,7 +158,7 @@ def zoo(args) -> str:
     from tests.models.vision import twins
 
     import ember
-    from ember.models.fuse import optimize_for_inference
+    from ember.inference import optimize_for_inference
     from ember.models.vision import MODELS, ViTForImageClassification, efficientnet_lite0
 
     set_threads(args.threads)

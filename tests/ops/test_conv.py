@@ -182,7 +182,7 @@ DEPTHWISE = [
 
 @pytest.mark.parametrize("xs,ws,s,d,p,out", DEPTHWISE, ids=str)
 def test_depthwise_kernels_match_references(xs, ws, s, d, p, out):
-    from ember.kernels.cpu import depthwise as dw
+    from ember.kernels.cpu import conv as dw
 
     rng = np.random.default_rng(0)
     k = ws[2:]

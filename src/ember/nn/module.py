@@ -452,6 +452,12 @@ class Module(StateDictMixin):
             p.requires_grad_(requires_grad)
         return self
 
+    def optimize_for_inference(self, inplace: bool = False) -> Module:
+        """This module rewritten for inference (ember.inference.optimize_for_inference)."""
+        from ember.inference import optimize_for_inference
+
+        return optimize_for_inference(self, inplace=inplace)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of every parameter (to None by default, or to zeros)."""
         for p in self.parameters():

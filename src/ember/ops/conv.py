@@ -126,6 +126,8 @@ def _chunks(n: int, per_sample: int, budget: int | None = None):
 class Conv(Function):
     """N-D (1 or 2) cross-correlation with stride, padding, dilation and groups."""
 
+    kernel_op = "conv2d"  # kernels.cpu.conv: the packed GEMM for a gemm.PackedWeight
+
     def forward(self, x, w, b=None, *, geom):
         self.geom, self.xshape, self.wshape = geom, x.shape, w.shape
         lo = x.dtype if x.dtype in _LOW else None
@@ -175,7 +177,7 @@ def _conv_fwd(x4: np.ndarray, w4: np.ndarray, geom: Geom) -> np.ndarray:
     g, (pt, pb, pl, pr) = geom.groups, geom.pad
     k, s, d, pad = (kh, kw), geom.stride, geom.dilation, (pt, pl)
     if _is_depthwise(c, cg, g):
-        from ember.kernels.cpu.depthwise import depthwise_conv2d
+        from ember.kernels.cpu.conv import depthwise_conv2d
 
         return depthwise_conv2d(x4, w4, s, d, pad, (oh, ow))
     out = np.empty((n, o, oh, ow), np.result_type(x4, w4))
@@ -234,7 +236,7 @@ def _conv_bwd(x4, w4, g4, geom: Geom, need_x: bool, need_w: bool):
 
 
 def _depthwise_bwd(x4, w4, g4, k, s, d, pad, need_x, need_w):
-    from ember.kernels.cpu import depthwise as dw
+    from ember.kernels.cpu import conv as dw
 
     gx = dw.depthwise_grad_input(g4, w4, x4.shape, s, d, pad) if need_x else None
     gw = dw.depthwise_grad_weight(g4, x4, w4.shape, s, d, pad) if need_w else None

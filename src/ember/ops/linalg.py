@@ -231,6 +231,8 @@ def addbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) ->
 class Linear(Function):
     """x @ w.T + b on the last dim of x, one BLAS call over all leading dims."""
 
+    kernel_op = "linear"  # kernels.cpu.gemm: the packed GEMM for a gemm.PackedWeight
+
     def forward(self, x, w, b=None):
         self.x, self.w = x, w
         lo = x.dtype if x.dtype in _LOW else None

@@ -114,6 +114,8 @@ def _scatter_flat(g: np.ndarray, idx: np.ndarray, shape: tuple) -> np.ndarray:
 class MaxPool(Function):
     """Max over windows; the gradient goes to the (first) arg-max of each window."""
 
+    kernel_op = "max_pool2d"  # kernels.cpu.conv: channels-last input, rows in parallel
+
     def meta(self, x, *, k, s, p, d, out, nd, batched, track):
         return x.shape[:-nd] + out[2 - nd :], x.dtype
 

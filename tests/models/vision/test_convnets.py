@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ember
-from ember.models.fuse import optimize_for_inference
+from ember.inference import optimize_for_inference
 from ember.models.vision import MODELS, MobileNetV2, ResNet
 from tests.models.vision import twins
 

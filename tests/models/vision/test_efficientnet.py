@@ -9,8 +9,8 @@ import pytest
 import skimage
 
 import ember
+from ember.inference import optimize_for_inference
 from ember.io.torch_pickle import load_torch
-from ember.models.fuse import optimize_for_inference
 from ember.models.vision import EfficientNetLite, bundled_weights, efficientnet_lite0
 from ember.models.vision.pipeline import PRESETS, ImageClassifier
 

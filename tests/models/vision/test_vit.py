@@ -12,7 +12,8 @@ from transformers import ViTForImageClassification as HFClassifier
 from transformers import ViTModel as HFModel
 
 import ember
-from ember.models.fuse import optimize_for_inference
+from ember.inference import optimize_for_inference
+from ember.kernels.cpu import gemm as G
 from ember.models.vision import ViTConfig, ViTForImageClassification, ViTModel, vit_b_16
 from ember.models.vision.vit import legacy_key
 
@@ -85,8 +86,11 @@ def test_classifier_logits_match_transformers():
     with ember.no_grad():
         y = em.eval()(ember.from_numpy(x)).numpy()
     np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-4)
-    fast = optimize_for_inference(em)  # Linears on the worker pool, one-thread BLAS
-    assert type(fast).__name__ == "OneThreadBLAS" and fast.num_labels == 7
+    fast = optimize_for_inference(em)  # Linears and the patch conv on the packed GEMM
+    assert type(fast) is ViTForImageClassification and fast.num_labels == 7
+    if G.panel_width() is not None:
+        assert G.packed_panels(fast.classifier.weight._data) is not None
+        assert type(fast.vit.embeddings.patch_embeddings.projection).__name__ == "FusedConv2d"
     np.testing.assert_allclose(fast(ember.from_numpy(x)).numpy(), ref, atol=1e-4, rtol=1e-4)
 
 

@@ -232,7 +232,7 @@ TASKS_PER_GRAB = 2  # blocks a worker takes from the queue at a time (one head's
 
 def _build() -> dict:
     """Compile (or load from numba's cache) the kernels; {} without numba or microkernels."""
-    from ember.kernels.cpu import sgemm as G
+    from ember.kernels.cpu import gemm as G
     from ember.kernels.cpu import vecmath
 
     nb = numba_or_none()

@@ -156,7 +156,7 @@ def _kernel(name: str):
 # ------------------------------------------------------------------ entry points
 def packed_shape(out_features: int, depth: int) -> tuple[int, int, int] | None:
     """Shape of the panels ``pack`` makes for a (out_features, depth) weight; None: no panels."""
-    from ember.kernels.cpu import sgemm as G
+    from ember.kernels.cpu import gemm as G
 
     nr = G.panel_width()
     if nr is None or _kernel("pack") is None:
@@ -190,7 +190,7 @@ def pack(*weights: np.ndarray, out: np.ndarray | None = None) -> Packed:
 
 
 def _gemm(a, rowoff, tapoff, w: Packed, bias, residual, out) -> np.ndarray:
-    from ember.kernels.cpu import sgemm as G
+    from ember.kernels.cpu import gemm as G
 
     b = np.zeros(w.out_features, _F32) if bias is None else np.asarray(bias, _F32)
     if w.panels is None:

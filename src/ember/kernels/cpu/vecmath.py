@@ -293,7 +293,7 @@ def symbols() -> dict | None:
     """Compile the row kernels once (symbols registered for numba); None where unavailable."""
     if "ok" not in _STATE:
         _STATE["ok"] = False
-        from ember.kernels.cpu import sgemm as G
+        from ember.kernels.cpu import gemm as G
 
         if G.isa() is not None:  # llvmlite present, AVX2+FMA at least
             w = 16 if G.isa() == "avx512" else 8

@@ -14,6 +14,7 @@ from pathlib import Path
 import ember
 from ember import nn
 from ember.errors import EmberError
+from ember.inference.ops import tf_same_pads
 from ember.models.vision._weights import apply_weights, checkpoint_from
 
 BN_EPS = 1e-3
@@ -38,15 +39,13 @@ class Conv2dSame(nn.Conv2d):
 
     def forward(self, x: ember.Tensor) -> ember.Tensor:
         """Pad (top, bottom, left, right) as TF would, then convolve without padding."""
-        from ember.models.fuse import tf_same_pads
-
         h, w = x.shape[-2:]
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         pt, pb = tf_same_pads(h, kh, sh)
         pl, pr = tf_same_pads(w, kw, sw)
         if pt or pb or pl or pr:
             x = nn.functional.pad(x, (pl, pr, pt, pb))
-        return nn.functional.conv2d(x, self.weight, None, self.stride, 0, 1, self.groups)
+        return nn.functional.conv2d(x, self.weight, self.bias, self.stride, 0, 1, self.groups)
 
 
 def _bn(c: int) -> nn.BatchNorm2d:
@@ -69,6 +68,10 @@ class MBConvBlock(nn.Module):
         self._bn2 = _bn(cout)
         self._relu = nn.ReLU6()
         self.id_skip = stride == 1 and cin == cout
+        # forward() as ember.inference reads it: the chain [+ x]
+        chain = ("_expand_conv", "_bn0", "_relu") if expand != 1 else ()
+        chain += ("_depthwise_conv", "_bn1", "_relu", "_project_conv", "_bn2")
+        self.inference_block = {"chain": chain, "add": "input" if self.id_skip else None}
 
     def forward(self, x: ember.Tensor) -> ember.Tensor:
         """project(relu6(bn(dw(relu6(bn(expand(x))))))) [+ x]."""
@@ -79,20 +82,15 @@ class MBConvBlock(nn.Module):
         y = self._bn2(self._project_conv(y))
         return y + x if self.id_skip else y
 
-    def fuse_for_inference(self) -> nn.Module:
-        """BatchNorms folded, ReLU6 fused, the skip add fused into the projection."""
-        from ember.models.fuse import FusedResidual, fuse_conv_bn
-
-        convs = []
-        if self.expand != 1:
-            convs.append(fuse_conv_bn(self._expand_conv, self._bn0, "relu6"))
-        convs.append(fuse_conv_bn(self._depthwise_conv, self._bn1, "relu6"))
-        convs.append(fuse_conv_bn(self._project_conv, self._bn2))
-        return FusedResidual(convs, None, None) if self.id_skip else nn.Sequential(*convs)
-
 
 class EfficientNetLite(nn.Module):
     """EfficientNet-Lite0: stem, 16 MBConv blocks, 1x1 head, global pool, dropout, fc."""
+
+    # forward() as ember.inference reads it (stem and head BatchNorm + ReLU6 fuse into convs)
+    inference_block = {
+        "chain": ("_conv_stem", "_bn0", "_relu", "_blocks", "_conv_head", "_bn1", "_relu",
+                  "_avg_pooling", nn.Flatten(1), "_dropout", "_fc"),
+    }  # fmt: skip
 
     def __init__(self, num_classes: int = 1000, stages=LITE0_STAGES, dropout: float = 0.2):
         super().__init__()
@@ -122,28 +120,11 @@ class EfficientNetLite(nn.Module):
         x = ember.flatten(self._avg_pooling(self.extract_features(x)), 1)
         return self._fc(self._dropout(x))
 
-    def fuse_for_inference(self) -> nn.Module:
-        """One fused channels-last pipeline."""
-        from ember.models.fuse import FusedLinear, GlobalAvgPool2d, fuse_conv_bn
-
-        return nn.Sequential(
-            fuse_conv_bn(self._conv_stem, self._bn0, "relu6"),
-            *[b.fuse_for_inference() for b in self._blocks],
-            fuse_conv_bn(self._conv_head, self._bn1, "relu6"),
-            GlobalAvgPool2d(),
-            nn.Flatten(1),
-            FusedLinear(self._fc),
-        )
-
     @classmethod
     def from_pretrained(cls, path=None, optimize: bool = True) -> nn.Module:
         """Lite0 from an efficientnet_pytorch-style checkpoint (default: the bundled weights)."""
         model = efficientnet_lite0(weights=path if path is not None else bundled_weights())
-        if optimize:
-            from ember.models.fuse import optimize_for_inference
-
-            return optimize_for_inference(model, inplace=True)
-        return model
+        return model.optimize_for_inference(inplace=True) if optimize else model
 
 
 def bundled_weights() -> Path:

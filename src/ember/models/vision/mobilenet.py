@@ -48,21 +48,12 @@ class InvertedResidual(nn.Module):
         ]
         self.conv = nn.Sequential(*layers)
         self.out_channels = oup
+        if self.use_res_connect:  # forward() as ember.inference reads it: x + conv(x)
+            self.inference_block = {"chain": ("conv",), "add": "input"}
 
     def forward(self, x: ember.Tensor) -> ember.Tensor:
         """x + conv(x) when stride 1 and channels match, else conv(x)."""
         return x + self.conv(x) if self.use_res_connect else self.conv(x)
-
-    def fuse_for_inference(self) -> nn.Module:
-        """BatchNorms folded; the residual add fused into the projection's epilogue."""
-        from ember.models.fuse import FusedResidual, fuse_conv_bn
-
-        mods = list(self.conv)
-        convs = [fuse_conv_bn(s[0], s[1], "relu6") for s in mods[:-2]]
-        convs.append(fuse_conv_bn(mods[-2], mods[-1]))
-        if self.use_res_connect:
-            return FusedResidual(convs, None, None)
-        return nn.Sequential(*convs)
 
 
 class MobileNetV2(nn.Module):
@@ -97,14 +88,6 @@ class MobileNetV2(nn.Module):
         x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
         return self.classifier(ember.flatten(x, 1))
 
-    def fuse_for_inference(self) -> nn.Module:
-        """Fused features, channels-last global pool, classifier."""
-        from ember.models.fuse import GlobalAvgPool2d, optimize_for_inference
-
-        feats = optimize_for_inference(self.features, inplace=True)
-        head = optimize_for_inference(self.classifier, inplace=True)
-        return nn.Sequential(feats, GlobalAvgPool2d(), nn.Flatten(1), head)
-
     @classmethod
     def from_pretrained(cls, path, optimize: bool = True) -> nn.Module:
         """MobileNetV2 from a torchvision checkpoint; fused for inference unless optimize=False."""
@@ -112,11 +95,7 @@ class MobileNetV2(nn.Module):
         model = cls(num_classes=sd["classifier.1.weight"].shape[0])
         apply_weights(model, sd)
         model.eval()
-        if optimize:
-            from ember.models.fuse import optimize_for_inference
-
-            return optimize_for_inference(model, inplace=True)
-        return model
+        return model.optimize_for_inference(inplace=True) if optimize else model
 
 
 def mobilenet_v2(weights=None, num_classes: int = 1000, width_mult: float = 1.0) -> MobileNetV2:

@@ -63,7 +63,6 @@ class ImageClassifier:
     @classmethod
     def load(cls, name: str = "efficientnet_lite0", weights=None, optimize: bool = True):
         """Build `name` (see ember.models.vision.MODELS) with weights, fused for inference."""
-        from ember.models.fuse import optimize_for_inference
         from ember.models.vision import MODELS
         from ember.models.vision.vit import ViTForImageClassification
 
@@ -80,11 +79,11 @@ class ImageClassifier:
             if id2label:
                 labels = [id2label.get(str(i), str(i)) for i in range(len(id2label))]
             if optimize:
-                model = optimize_for_inference(model, inplace=True)
+                model = model.optimize_for_inference(inplace=True)
             return cls(model, prep, labels)
         model = MODELS[name](weights=weights or "bundled")
         if optimize:
-            model = optimize_for_inference(model, inplace=True)
+            model = model.optimize_for_inference(inplace=True)
         key = "resnet" if name.startswith("resnet") else name
         return cls(model, PRESETS[key], labels)
 

@@ -1,8 +1,10 @@
 """ResNet-18/34/50/101/152 with torchvision's module tree, so state_dict keys match torchvision's.
 
 Read top to bottom: BasicBlock and Bottleneck (the two residual blocks), ResNet (stem, four
-stages, pooled classifier), then one constructor per depth. Each block knows how to fuse itself
-for inference (`fuse_for_inference`, called by ember.models.fuse.optimize_for_inference).
+stages, pooled classifier), then one constructor per depth. Each module whose forward is not a
+Sequential states it as data in `inference_block` (its children in order, the residual add and
+the activation after it), which ember.inference.optimize_for_inference reads to fold its
+BatchNorms and fuse its residual add; see ember/inference/__init__.py.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ class BasicBlock(nn.Module):
     """Two 3x3 convolutions and a shortcut (ResNet-18/34)."""
 
     expansion = 1
+    # forward() as ember.inference reads it: relu(chain(x) + downsample(x)) (or + x)
+    inference_block = {
+        "chain": ("conv1", "bn1", "relu", "conv2", "bn2"),
+        "add": "downsample",
+        "act": "relu",
+    }
 
     def __init__(
         self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
@@ -48,19 +56,17 @@ class BasicBlock(nn.Module):
         out = self.bn2(self.conv2(out))
         return self.relu(out + identity)
 
-    def fuse_for_inference(self) -> nn.Module:
-        """The block with BatchNorms folded and residual add + ReLU fused into the last conv."""
-        from ember.models.fuse import FusedResidual, fuse_conv_bn, optimize_for_inference
-
-        convs = [fuse_conv_bn(self.conv1, self.bn1, "relu"), fuse_conv_bn(self.conv2, self.bn2)]
-        short = None if self.downsample is None else optimize_for_inference(self.downsample, True)
-        return FusedResidual(convs, short, "relu")
-
 
 class Bottleneck(nn.Module):
     """1x1 reduce, 3x3 (strided, as torchvision v1.5), 1x1 expand, and a shortcut."""
 
     expansion = 4
+    # forward() as ember.inference reads it: relu(chain(x) + downsample(x)) (or + x)
+    inference_block = {
+        "chain": ("conv1", "bn1", "relu", "conv2", "bn2", "relu", "conv3", "bn3"),
+        "add": "downsample",
+        "act": "relu",
+    }
 
     def __init__(
         self,
@@ -91,21 +97,15 @@ class Bottleneck(nn.Module):
         out = self.bn3(self.conv3(out))
         return self.relu(out + identity)
 
-    def fuse_for_inference(self) -> nn.Module:
-        """The block with BatchNorms folded and residual add + ReLU fused into conv3."""
-        from ember.models.fuse import FusedResidual, fuse_conv_bn, optimize_for_inference
-
-        convs = [
-            fuse_conv_bn(self.conv1, self.bn1, "relu"),
-            fuse_conv_bn(self.conv2, self.bn2, "relu"),
-            fuse_conv_bn(self.conv3, self.bn3),
-        ]
-        short = None if self.downsample is None else optimize_for_inference(self.downsample, True)
-        return FusedResidual(convs, short, "relu")
-
 
 class ResNet(nn.Module):
     """Stem (7x7/2 conv, 3x3/2 max pool), four stages of residual blocks, global pool, fc."""
+
+    # forward() as ember.inference reads it (so the stem's BatchNorm and ReLU fuse into conv1)
+    inference_block = {
+        "chain": ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4",
+                  "avgpool", nn.Flatten(1), "fc"),
+    }  # fmt: skip
 
     def __init__(
         self,
@@ -158,18 +158,6 @@ class ResNet(nn.Module):
         x = self.avgpool(self.forward_features(x))
         return self.fc(ember.flatten(x, 1))
 
-    def fuse_for_inference(self) -> nn.Module:
-        """The whole net as one fused pipeline (stem conv+bn+relu folded, blocks fused)."""
-        from ember.models.fuse import fuse_conv_bn, optimize_for_inference
-
-        stem = fuse_conv_bn(self.conv1, self.bn1, "relu")
-        body = [optimize_for_inference(m, True) for m in (self.maxpool, *self._stages())]
-        head = optimize_for_inference(nn.Sequential(self.avgpool, nn.Flatten(1), self.fc), True)
-        return nn.Sequential(stem, *body, head)
-
-    def _stages(self) -> list[nn.Module]:
-        return [self.layer1, self.layer2, self.layer3, self.layer4]
-
     @classmethod
     def from_pretrained(cls, path, arch: str | None = None, optimize: bool = True) -> nn.Module:
         """A ResNet from a torchvision checkpoint (.pth/.pt/.bin/.safetensors, or a folder).
@@ -182,11 +170,7 @@ class ResNet(nn.Module):
         model = ARCHS[name](num_classes=sd["fc.weight"].shape[0])
         apply_weights(model, sd)
         model.eval()
-        if optimize:
-            from ember.models.fuse import optimize_for_inference
-
-            return optimize_for_inference(model, inplace=True)
-        return model
+        return model.optimize_for_inference(inplace=True) if optimize else model
 
 
 ARCHS: dict = {}

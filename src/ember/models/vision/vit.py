@@ -225,12 +225,6 @@ class ViTModel(nn.Module):
         h = self.layernorm(self.encoder(self.embeddings(pixel_values)))
         return h, (None if self.pooler is None else self.pooler(h))
 
-    def fuse_for_inference(self) -> nn.Module:
-        """Linears on the worker pool (one-thread BLAS per block), everything else one-threaded."""
-        from ember.models.fuse import OneThreadBLAS, fuse_children
-
-        return OneThreadBLAS(fuse_children(self))
-
     @classmethod
     def from_pretrained(cls, path) -> ViTModel:
         """A ViTModel from a Hugging Face folder (config.json + weights)."""
@@ -255,12 +249,6 @@ class ViTForImageClassification(nn.Module):
         """(N, C, H, W) -> (N, num_labels) logits."""
         h, _ = self.vit(pixel_values)
         return self.classifier(h[:, 0])
-
-    def fuse_for_inference(self) -> nn.Module:
-        """Linears on the worker pool (one-thread BLAS per block), everything else one-threaded."""
-        from ember.models.fuse import OneThreadBLAS, fuse_children
-
-        return OneThreadBLAS(fuse_children(self))
 
     @classmethod
     def from_pretrained(cls, path) -> ViTForImageClassification:

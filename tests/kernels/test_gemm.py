@@ -1,4 +1,4 @@
-"""The packed-weight GEMM (LLVM microkernels + numba driver) against its numpy reference."""
+"""The packed-weight GEMM (LLVM microkernels + numba driver), PackedWeight and the linear kernel."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import ember
-from ember.kernels.cpu import sgemm as G
-from ember.models.fuse import window_offsets
+from ember.kernels import registry
+from ember.kernels.cpu import gemm as G
+from ember.kernels.cpu.conv import window_offsets
+from tests.helpers import check_kernel
 
 RNG = np.random.default_rng(1)
 NR = G.panel_width()
@@ -52,12 +54,13 @@ def test_microkernels_exist_on_this_cpu():
 def test_avx2_microkernels_match_reference_in_a_fresh_process():
     """The AVX2 family (what an AVX2-only CPU runs) checked here too, forced by EMBER_SGEMM_ISA."""
     code = (
-        "from tests.kernels import test_sgemm as t\n"
+        "from tests.kernels import test_gemm as t\n"
         "assert t.NR == 16, t.NR\n"
         "for case in t.CONV_CASES:\n"
         "    t.test_conv_gemm_matches_reference(*case, 2)\n"
         "t.test_linear_rows_match_reference(13, 33, 65)\n"
         "t.test_activations_keep_nan_like_torch()\n"
+        "t.test_linear_kernel_matches_reference()\n"
     )
     env = {**os.environ, "EMBER_SGEMM_ISA": "avx2"}
     root = Path(__file__).resolve().parents[2]
@@ -128,3 +131,80 @@ def test_bad_operands_are_refused_before_any_pointer_is_followed():
         kw = dict(a=a, rows=rows, kc=4, out=out, res=None) | case
         with pytest.raises((ember.errors.ShapeError, ember.errors.DTypeError)):
             G.gemm(kw["a"], kw["rows"], tap, kw["kc"], packed, bias, kw["res"], 0, kw["out"])
+
+
+def _kernel(op: str, name: str):
+    return next(k for k in registry.kernels(op) if k.name == name)
+
+
+def test_linear_kernel_matches_reference():
+    k = _kernel("linear", "linear_packed")
+    cases = []
+    for shape, o in (((1, 7), 5), ((13, 33), 65), ((2, 3, 40), 37), ((0, 8), 4)):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        w = RNG.standard_normal((o, shape[-1])).astype(np.float32)
+        b = RNG.standard_normal(o).astype(np.float32)
+        cases += [(x, G.PackedWeight(w), b), (x, G.PackedWeight(w))]
+    assert check_kernel(k, cases=cases, rtol=1e-5, atol=1e-4) >= len(cases)
+
+
+def test_packed_weight_is_the_weight_and_never_stale():
+    w = RNG.standard_normal((40, 12)).astype(np.float32)
+    p = G.PackedWeight(w.copy())  # a view of the array it is given
+    assert p.panels is not None and p.panels.shape == (-(-40 // NR), 12, NR)
+    np.testing.assert_array_equal(p, w)
+    for derived in (p.T, p[:3], p * 2, p + 0, np.asarray(p).copy()):
+        assert G.packed_panels(derived) is None  # derived arrays are plain weights
+    assert type(p * 2) is np.ndarray
+    q = p.copy()
+    assert G.packed_panels(q) is not None and np.shares_memory(q, p) is False
+    import copy
+    import pickle
+
+    assert G.packed_panels(copy.deepcopy(p)) is not None
+    assert type(pickle.loads(pickle.dumps(p))) is np.ndarray
+    p[0, 0] = 1.0  # writing into it drops the panels
+    assert p.panels is None and p[0, 0] == 1.0
+    q += 1
+    assert q.panels is None
+    np.testing.assert_allclose(np.asarray(q), w + 1)
+
+
+def test_linear_op_picks_the_packed_kernel_and_stays_exact():
+    w = RNG.standard_normal((9, 20)).astype(np.float32)
+    b = RNG.standard_normal(9).astype(np.float32)
+    x = ember.from_numpy(RNG.standard_normal((3, 4, 20)).astype(np.float32))
+    lin = ember.nn.Linear(20, 9)
+    lin.load_state_dict({"weight": w, "bias": b})
+    with ember.no_grad():
+        want = lin(x).numpy()
+    lin.weight._data = G.PackedWeight(lin.weight._data)
+    arrays = [x._data, lin.weight._data, lin.bias._data]
+    assert registry.pick("linear", "cpu", arrays, {}).name == "linear_packed"
+    with ember.no_grad():
+        np.testing.assert_allclose(lin(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    # a graph being recorded: the op's own forward runs (the kernel has no saved())
+    y = lin.requires_grad_(True)(x)
+    y.sum().backward()
+    np.testing.assert_allclose(
+        lin.weight.grad.numpy(),
+        np.broadcast_to(x.numpy().reshape(-1, 20).sum(0), (9, 20)),
+        rtol=1e-5,
+    )
+
+
+def test_without_microkernels_nothing_is_packed_in_a_fresh_process():
+    """EMBER_SGEMM_ISA=none: no panels, the ops' numpy paths (what a CPU without AVX2 runs)."""
+    code = (
+        "import numpy as np\n"
+        "from ember.kernels.cpu import gemm as G\n"
+        "assert G.panel_width() is None and G.isa() is None\n"
+        "p = G.PackedWeight(np.ones((3, 4), np.float32))\n"
+        "assert p.panels is None\n"
+        "from tests.inference import test_optimize as t\n"
+        "t.test_optimize_generic_sequential_and_leave_original_alone()\n"
+        "t.test_residual_blocks_of_the_zoo_match_torch('resnet18')\n"
+    )
+    env = {**os.environ, "EMBER_SGEMM_ISA": "none"}
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)

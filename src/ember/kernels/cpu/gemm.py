@@ -40,6 +40,7 @@ import numpy as np
 from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu import numba_or_none
+from ember.kernels.registry import register
 
 _STATE: dict = {}
 MR_MAX = 12  # microkernels are built for 1..MR_MAX rows; the ISA's MR may be smaller
@@ -478,3 +479,119 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out) -> np.ndarray:
         out, mr, tasks_m, tasks_p, CHUNK_PIXELS, K_BLOCK,
     )  # fmt: skip
     return out
+
+
+# ------------------------------------------------------------------ the packed weight type
+class PackedWeight(np.ndarray):
+    """A float32 weight, as its layer stores it, that also carries the GEMM's packed panels.
+
+    ``PackedWeight(w)`` packs a Linear weight (out, in) or a Conv2d weight (out, in, kh, kw)
+    once: ``panels`` is ``pack_weight`` of the (kh*kw*in, out) matrix (taps outermost, as the
+    NHWC implicit GEMM reads them), or None where this process has no microkernels. It stays an
+    ndarray with the weight's own values, so ``state_dict()``, ``parameters()`` and every op see
+    the weight; the kernels of the ``linear``, ``conv2d`` and ``fused_conv2d`` ops (registered
+    here and in kernels.cpu.conv) apply when they are given one with panels.
+
+    Arrays derived from it (views, slices, results) are plain weights again (``panels`` None),
+    and writing into it (``w[...] = v``, an in-place ufunc) drops its panels, so a stale packing
+    is never used; pickling stores the plain weight.
+    """
+
+    panels: np.ndarray | None
+
+    def __new__(cls, weight: np.ndarray, panels: np.ndarray | None | bool = True):
+        w = np.asarray(weight)
+        if w.dtype != np.float32 or w.ndim not in (2, 4):
+            raise DTypeError(f"PackedWeight: expected a 2-D or 4-D float32 weight, got {w.dtype}")
+        obj = w.view(cls)
+        if panels is True:
+            nr = panel_width()
+            panels = None if nr is None else pack_weight(_matrix(w), nr)
+        obj.panels = panels
+        return obj
+
+    def __array_finalize__(self, obj) -> None:
+        self.panels = None
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = lambda a: a.view(np.ndarray) if isinstance(a, PackedWeight) else a  # noqa: E731
+        out = kwargs.get("out")
+        if out is None:
+            return getattr(ufunc, method)(*(plain(a) for a in inputs), **kwargs)
+        for o in out:
+            if isinstance(o, PackedWeight):
+                o.panels = None  # written in place: the panels would be stale
+        kwargs["out"] = tuple(plain(o) for o in out)
+        getattr(ufunc, method)(*(plain(a) for a in inputs), **kwargs)
+        return out[0] if len(out) == 1 else out
+
+    def __setitem__(self, key, value) -> None:
+        self.panels = None
+        self.view(np.ndarray)[key] = value
+
+    def copy(self, order="C") -> PackedWeight:
+        """A copy, panels included."""
+        p = self.panels
+        return PackedWeight(self.view(np.ndarray).copy(order), None if p is None else p.copy())
+
+    def __deepcopy__(self, memo) -> PackedWeight:
+        return self.copy()
+
+    def __reduce__(self):
+        return np.ndarray.__reduce__(self.view(np.ndarray))
+
+
+def _matrix(w: np.ndarray) -> np.ndarray:
+    """The GEMM's B operand of a weight: (in, out) for linear, (kh*kw*in, out) for conv."""
+    if w.ndim == 2:
+        return w.T
+    o, c, kh, kw = w.shape
+    return w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o)
+
+
+def packed_panels(w) -> np.ndarray | None:
+    """The panels a weight array carries (a PackedWeight's), or None."""
+    return w.panels if type(w) is PackedWeight else None
+
+
+def microkernels_available() -> bool:
+    """Whether the packed GEMM runs here (the registry's ``available`` for its kernels)."""
+    return panel_width() is not None
+
+
+# ------------------------------------------------------------------ the linear op's kernel
+_ROWS: dict = {}  # (m, k) -> the row offsets of m rows of k features
+
+
+def linear_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """x @ w.T + b over the last dim of x (float32)."""
+    w = np.asarray(w)
+    out = np.matmul(x, w.T)
+    return out if b is None else out + b
+
+
+def _linear_applies(x, w, b=None) -> bool:
+    return packed_panels(w) is not None and w.ndim == 2 and x.ndim >= 1
+
+
+@register(
+    "linear", reference=linear_reference, when=_linear_applies, available=microkernels_available
+)
+def linear_packed(x: np.ndarray, w: PackedWeight, b: np.ndarray | None = None) -> np.ndarray:
+    """x @ w.T + b on w's panels (bias in the GEMM's epilogue): no packing, no BLAS call."""
+    o, k = w.shape
+    lead = x.shape[:-1]
+    x2 = np.ascontiguousarray(x.reshape(-1, k))
+    m = x2.shape[0]
+    rows = _ROWS.get((m, k))
+    if rows is None:
+        if len(_ROWS) >= 64:
+            _ROWS.clear()
+        rows = _ROWS[m, k] = np.arange(m, dtype=np.int64) * k
+    bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b)
+    out = np.empty((m, o), np.float32)
+    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, None, 0, out)
+    return out.reshape(*lead, o)
+
+
+_TAP0 = np.zeros(1, np.int64)

@@ -1,0 +1,668 @@
+"""Convolution kernels: the channels-last (NHWC) inference kernels and the NCHW depthwise conv.
+
+Inference (float32, no gradient recorded), behind ops: ``fused_conv2d`` (ember.inference.ops:
+act(conv2d + bias [+ residual]), ReLU/ReLU6) runs on the packed GEMM's implicit-GEMM form
+(``conv_gemm``, kernels.cpu.gemm) when its weight is a ``gemm.PackedWeight``, or on the NHWC
+depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the same GEMM, and
+``max_pool2d`` of channels-last data the NHWC max pool. Their results are channels-last: an
+(N, C, H, W) view of NHWC memory, which the next of these kernels reads without a copy.
+Depthwise conv, max pooling and copy4d spread output rows over numba's threads; im2col (each
+window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
+
+Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients
+(``depthwise_conv2d``, ``depthwise_grad_input``, ``depthwise_grad_weight``, ops.conv's path),
+one plane per parallel task, the inner loop over a contiguous row so LLVM vectorises it
+(measured 4-6x faster than the references on MobileNet shapes). Shapes there: x (N, C, H, W),
+w (C*m, 1, kh, kw) (m = channel multiplier); ``pad`` is (top, left), bottom/right padding is
+whatever ``out_hw`` implies.
+
+Every kernel releases the GIL and keeps a numpy reference beside it (``*_reference``), which
+the tests compare it with and which serves where numba is absent (EMBER_NO_NUMBA=1).
+Activations: 0 none, 1 ReLU, 2 ReLU6.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ember.kernels.cpu import gemm as G
+from ember.kernels.cpu import have_numba, numba_or_none
+from ember.kernels.registry import register
+
+ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2}
+_F32 = np.dtype(np.float32)
+_K: dict = {}
+_NCHW = None
+
+
+# ------------------------------------------------------------------ numpy references
+def _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl, value=0.0):
+    n, h, w, c = x.shape
+    pb = max(0, (oh - 1) * sh + kh - h - pt)
+    pr = max(0, (ow - 1) * sw + kw - w - pl)
+    return np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=value)
+
+
+def _taps(xp, i, j, sh, sw, oh, ow):
+    return xp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
+
+
+def im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
+    """x (N, H, W, C) -> out (N*OH*OW, kh*kw*C): one row per output pixel, (i, j, c) order."""
+    n, c = x.shape[0], x.shape[3]
+    xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl)
+    o6 = out.reshape(n, oh, ow, kh, kw, c)
+    for i in range(kh):
+        for j in range(kw):
+            o6[:, :, :, i, j] = _taps(xp, i, j, sh, sw, oh, ow)
+    return out
+
+
+def _act_reference(y: np.ndarray, act: int) -> np.ndarray:
+    if act == 1:
+        np.maximum(y, 0, out=y)
+    elif act == 2:
+        np.clip(y, 0, 6, out=y)
+    return y
+
+
+def depthwise_nhwc_reference(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
+    """x (N, H, W, C), w (kh, kw, C), bias (C,) -> out (N, OH, OW, C) = act(dwconv + bias)."""
+    kh, kw, _ = w.shape
+    oh, ow = out.shape[1:3]
+    xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl)
+    out[...] = bias
+    for i in range(kh):
+        for j in range(kw):
+            out += _taps(xp, i, j, sh, sw, oh, ow) * w[i, j]
+    return _act_reference(out, act)
+
+
+def maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
+    """x (N, H, W, C) -> out (N, OH, OW, C), padding counts as -inf (torch's max_pool2d)."""
+    oh, ow = out.shape[1:3]
+    xp = _pad_nhwc(x, oh, ow, kh, kw, sh, sw, pt, pl, -np.inf)
+    out[...] = -np.inf
+    for i in range(kh):
+        for j in range(kw):
+            np.maximum(out, _taps(xp, i, j, sh, sw, oh, ow), out=out)
+    return out
+
+
+# ------------------------------------------------------------------ numba kernels
+def _build_nhwc(nb):
+    opts = dict(nogil=True, cache=True, fastmath=True)
+
+    @nb.njit(**opts)
+    def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow):  # pragma: no cover - compiled
+        n, h, w, c = x.shape
+        xf = x.reshape(n, h, w * c)
+        seg = kw * c
+        for r in range(n * oh):
+            b = r // oh
+            y = r - b * oh
+            for xo in range(ow):
+                row = out[r * ow + xo]
+                iw0 = xo * sw - pl
+                j_lo = max(0, -iw0)
+                j_hi = min(kw, w - iw0)
+                for i in range(kh):
+                    ih = y * sh - pt + i
+                    d0 = i * seg
+                    if ih < 0 or ih >= h or j_hi <= j_lo:
+                        for t in range(seg):
+                            row[d0 + t] = 0.0
+                        continue
+                    for t in range(j_lo * c):
+                        row[d0 + t] = 0.0
+                    src = xf[b, ih]
+                    s0 = (iw0 + j_lo) * c
+                    d1 = d0 + j_lo * c
+                    for t in range((j_hi - j_lo) * c):
+                        row[d1 + t] = src[s0 + t]
+                    for t in range(j_hi * c, seg):
+                        row[d0 + t] = 0.0
+        return out
+
+    @nb.njit(parallel=True, **opts)
+    def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
+        n, h, wd, c = x.shape
+        kh, kw = w.shape[0], w.shape[1]
+        oh, ow = out.shape[1], out.shape[2]
+        for r in nb.prange(n * oh):
+            b = r // oh
+            y = r - b * oh
+            for xo in range(ow):
+                acc = out[b, y, xo]
+                for t in range(c):
+                    acc[t] = bias[t]
+                for i in range(kh):
+                    ih = y * sh - pt + i
+                    if ih < 0 or ih >= h:
+                        continue
+                    for j in range(kw):
+                        iw = xo * sw - pl + j
+                        if iw < 0 or iw >= wd:
+                            continue
+                        src = x[b, ih, iw]
+                        wt = w[i, j]
+                        for t in range(c):
+                            acc[t] += src[t] * wt[t]
+                if act == 1:
+                    for t in range(c):
+                        acc[t] = max(acc[t], 0.0)
+                elif act == 2:
+                    for t in range(c):
+                        acc[t] = min(max(acc[t], 0.0), 6.0)
+        return out
+
+    @nb.njit(parallel=True, **opts)
+    def maxpool(x, out, kh, kw, sh, sw, pt, pl):  # pragma: no cover - compiled
+        n, h, w, c = x.shape
+        oh, ow = out.shape[1], out.shape[2]
+        for r in nb.prange(n * oh):
+            b = r // oh
+            y = r - b * oh
+            for xo in range(ow):
+                acc = out[b, y, xo]
+                for t in range(c):
+                    acc[t] = -np.inf
+                for i in range(kh):
+                    ih = y * sh - pt + i
+                    if ih < 0 or ih >= h:
+                        continue
+                    for j in range(kw):
+                        iw = xo * sw - pl + j
+                        if iw < 0 or iw >= w:
+                            continue
+                        src = x[b, ih, iw]
+                        for t in range(c):
+                            acc[t] = max(acc[t], src[t])
+        return out
+
+    @nb.njit(parallel=True, **opts)
+    def copy4d(src, dst):  # pragma: no cover - compiled
+        n, h, w, c = dst.shape
+        for r in nb.prange(n * h):
+            b, y = r // h, r % h
+            for x in range(w):
+                s, d = src[b, y, x], dst[b, y, x]
+                for t in range(c):
+                    d[t] = s[t]
+
+    return {
+        "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
+        "copy4d": copy4d,
+    }  # fmt: skip
+
+
+def _kernels():
+    if not _K:
+        nb = numba_or_none()
+        _K.update(_build_nhwc(nb) if nb is not None else {"none": None})
+    return None if "none" in _K else _K
+
+
+# ------------------------------------------------------------------ NHWC entry points
+def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
+    """x (N, H, W, C) float32 contiguous -> out (N*OH*OW, kh*kw*C), zero padding."""
+    k = _kernels()
+    if k is None:
+        return im2col_reference(x, out, kh, kw, sh, sw, pt, pl, oh, ow)
+    return k["im2col"](x, out, kh, kw, sh, sw, pt, pl, oh, ow)
+
+
+def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
+    """Depthwise kxk conv over NHWC, w (kh, kw, C), with bias and activation fused."""
+    k = _kernels()
+    if k is None:
+        return depthwise_nhwc_reference(x, w, bias, out, sh, sw, pt, pl, act)
+    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+
+
+def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
+    """Max pooling over NHWC (padding is -inf)."""
+    k = _kernels()
+    if k is None:
+        return maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl)
+    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl)
+
+
+def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """dst[...] = src for 4-D arrays of one shape (any strides), rows spread over the threads."""
+    k = _kernels()
+    if k is None:
+        np.copyto(dst, src)
+    else:
+        k["copy4d"](src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------ the implicit GEMM
+_buffers = threading.local()
+MAX_CACHED = 64  # scratch buffers per thread; offset tables (one per input geometry)
+_OFFSETS: dict = {}
+WINDOW_ROWS_BELOW_CHANNELS = 16  # kxk convs with fewer input channels run on window rows
+
+
+def nhwc(x: np.ndarray) -> np.ndarray:
+    """The (N, H, W, C) contiguous float32 array behind an (N, C, H, W) one (a copy if needed)."""
+    t = x.transpose(0, 2, 3, 1)
+    if t.dtype != _F32:
+        t = t.astype(_F32)
+    return t if t.flags.c_contiguous else np.ascontiguousarray(t)
+
+
+def channels_last(a: np.ndarray) -> np.ndarray:
+    """The (N, C, H, W) view of an (N, H, W, C) array (torch's channels_last memory format)."""
+    return a.transpose(0, 3, 1, 2)
+
+
+def is_channels_last(x: np.ndarray) -> bool:
+    """Whether a 4-D (N, C, H, W) array is stored NHWC-contiguous."""
+    return x.ndim == 4 and x.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def _buffer(key: tuple, shape: tuple) -> np.ndarray:
+    """A per-thread float32 scratch array for `key`, zeroed when first made, reused after."""
+    bufs = getattr(_buffers, "d", None)
+    if bufs is None:
+        bufs = _buffers.d = {}
+    buf = bufs.get(key)
+    if buf is None:
+        if len(bufs) >= MAX_CACHED:  # many input sizes (a server): start over, don't grow
+            bufs.clear()
+        buf = bufs[key] = np.zeros(shape, _F32)
+    return buf
+
+
+def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
+    """a (N, H, W, C) copied inside a zero border (the border of a reused buffer stays zero)."""
+    n, h, w, c = a.shape
+    buf = _buffer(("pad", *a.shape, pt, pb, pl, pr), (n, h + pt + pb, w + pl + pr, c))
+    buf[:, pt : pt + h, pl : pl + w] = a
+    return buf
+
+
+def _window_rows(xp: np.ndarray, kw: int, sw: int, ow: int) -> np.ndarray:
+    """(N, Hp, Wp, C) -> (N, Hp, OW, kw*C): each output column's window row, contiguous.
+
+    With few channels a tap is only C floats of GEMM depth; on these rows a kxk conv becomes a
+    kx1 one whose taps are kw*C deep (an im2col along the width only: kw times the input, not
+    kh*kw times).
+    """
+    s = xp.strides
+    n, hp, _, c = xp.shape
+    v = np.lib.stride_tricks.as_strided(xp, (n, hp, ow, kw * c), (s[0], s[1], sw * s[2], s[3]))
+    return copy4d(v, _buffer(("rows", *v.shape), v.shape))
+
+
+def window_offsets(shape, kernel, stride, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets into an (N, H, W, C) array of each output pixel's window origin and of each tap."""
+    n, h, w, c = shape
+    (kh, kw), (sh, sw), i8 = kernel, stride, np.int64
+    b, y, x = np.ix_(np.arange(n, dtype=i8), np.arange(oh, dtype=i8), np.arange(ow, dtype=i8))
+    rowoff = (((b * h + y * sh) * w + x * sw) * c).reshape(-1)
+    tapoff = np.array([(i * w + j) * c for i in range(kh) for j in range(kw)], i8)
+    return rowoff, tapoff
+
+
+def _out_hw(h: int, w: int, kh: int, kw: int, stride, pads) -> tuple[int, int]:
+    (sh, sw), (pt, pb, pl, pr) = stride, pads
+    return (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+
+
+def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> np.ndarray:
+    """act(conv2d(x) + bias [+ res]) on packed panels, read from x in place; channels-last out.
+
+    x and res: (N, C, H, W) arrays (channels-last ones are read without a copy); kernel (kh, kw).
+    A kxk conv reads its (zero-padded) NHWC input tap by tap, each tap a fixed offset from the
+    output pixel's window (no im2col); bias, residual and activation are applied as each output
+    tile is stored. Only convs with few input channels (the RGB stem) go through window rows.
+    """
+    a = nhwc(x)
+    n, h, w, c = a.shape
+    (kh, kw), (sh, sw), (pt, pb, pl, pr) = kernel, stride, pads
+    oh, ow = _out_hw(h, w, kh, kw, stride, pads)
+    m = n * oh * ow
+    out = np.empty((n, oh, ow, o), _F32)
+    r = None if res is None else nhwc(res).reshape(m, o)
+    src = _padded(a, pt, pb, pl, pr) if (pt or pb or pl or pr) else a
+    if c < WINDOW_ROWS_BELOW_CHANNELS and kw > 1:  # few channels: taps kw*C deep
+        src = _window_rows(src, kw, sw, ow)
+        geom = ((kh, 1), (sh, 1))
+    else:
+        geom = ((kh, kw), (sh, sw))
+    key = (src.shape, geom, oh, ow)
+    offs = _OFFSETS.get(key)
+    if offs is None:
+        if len(_OFFSETS) >= MAX_CACHED:
+            _OFFSETS.clear()
+        offs = _OFFSETS[key] = window_offsets(src.shape, *geom, oh, ow)
+    rowoff, tapoff = offs
+    kc = kh * kw * c // len(tapoff)
+    G.gemm(src.reshape(-1), rowoff, tapoff, kc, panels, bias, r, act, out.reshape(m, o))
+    return channels_last(out)
+
+
+# ------------------------------------------------------------------ registered kernels
+def conv2d_nchw_reference(x, w, stride, pads, groups: int) -> np.ndarray:
+    """Cross-correlation of (N, C, H, W) x with (O, C/groups, kh, kw) w, zero padding, float32."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (pt, pb, pl, pr), g = stride, pads, groups
+    oh, ow = _out_hw(h, wd, kh, kw, stride, pads)
+    xp = np.pad(np.asarray(x, _F32), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    xg = xp.reshape(n, g, cg, *xp.shape[2:])
+    wg = np.asarray(w, _F32).reshape(g, o // g, cg, kh, kw)
+    out = np.zeros((n, g, o // g, oh, ow), _F32)
+    for i in range(kh):
+        for j in range(kw):
+            v = xg[:, :, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
+            out += np.einsum("ngchw,goc->ngohw", v, wg[:, :, :, i, j], optimize=True)
+    return out.reshape(n, o, oh, ow)
+
+
+def fused_conv2d_reference(x, w, b, res=None, *, stride, pads, groups, act):
+    """act(conv2d(x, w) + b [+ res]): the fused_conv2d op's numpy reference."""
+    y = conv2d_nchw_reference(x, w, stride, pads, groups) + b[:, None, None]
+    if res is not None:
+        y += res
+    return _act_reference(y, ACTS[act])
+
+
+def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
+    return groups == 1 and G.packed_panels(w) is not None and x.ndim == 4
+
+
+@register(
+    "fused_conv2d",
+    reference=fused_conv2d_reference,
+    when=_gemm_applies,
+    available=G.microkernels_available,
+)
+def fused_conv2d_gemm(x, w, b, res=None, *, stride, pads, groups, act):
+    """The implicit GEMM on w's panels (``conv_gemm``); channels-last result."""
+    bias = np.ascontiguousarray(b)
+    return conv_gemm(x, w.panels, w.shape[0], w.shape[2:], bias, res, stride, pads, ACTS[act])
+
+
+def _depthwise_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
+    return res is None and x.ndim == 4 and w.shape[1] == 1 and groups == x.shape[1] == w.shape[0]
+
+
+@register(
+    "fused_conv2d",
+    reference=fused_conv2d_reference,
+    when=_depthwise_applies,
+    available=have_numba,
+)
+def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act):
+    """Depthwise conv (+ bias, activation) over NHWC rows in parallel; channels-last result."""
+    a = nhwc(x)
+    n, h, wd, c = a.shape
+    kh, kw = w.shape[2:]
+    oh, ow = _out_hw(h, wd, kh, kw, stride, pads)
+    wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
+    out = np.empty((n, oh, ow, c), _F32)
+    depthwise_nhwc(a, wt, np.ascontiguousarray(b), out, *stride, pads[0], pads[2], ACTS[act])
+    return channels_last(out)
+
+
+def conv2d_reference(x, w, b=None, *, geom):
+    """The conv2d op (ember.ops.conv.Conv) on 2-D batched input, in numpy."""
+    y = conv2d_nchw_reference(x, w, geom.stride, geom.pad, geom.groups)
+    return y if b is None else y + b[:, None, None]
+
+
+def _conv2d_applies(x, w, b=None, *, geom) -> bool:
+    return (
+        G.packed_panels(w) is not None
+        and geom.nd == 2
+        and geom.batched
+        and geom.groups == 1
+        and tuple(geom.dilation) == (1, 1)
+        and x.ndim == 4
+    )
+
+
+@register(
+    "conv2d", reference=conv2d_reference, when=_conv2d_applies, available=G.microkernels_available
+)
+def conv2d_packed(x, w, b=None, *, geom):
+    """conv2d with a PackedWeight: the implicit GEMM (bias in its epilogue), channels-last out."""
+    o = w.shape[0]
+    bias = np.zeros(o, _F32) if b is None else np.ascontiguousarray(b)
+    return conv_gemm(x, w.panels, o, w.shape[2:], bias, None, geom.stride, geom.pad, 0)
+
+
+def max_pool2d_reference(x, *, k, s, p, d, out, nd, batched, track):
+    """max_pool2d (no dilation) of an (N, C, H, W) array, -inf padding."""
+    o = np.empty((x.shape[0], *out, x.shape[1]), x.dtype)
+    a = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    return channels_last(maxpool_nhwc_reference(a, o, *k, *s, *p))
+
+
+def _pool_applies(x, *, k, s, p, d, out, nd, batched, track) -> bool:
+    return nd == 2 and batched and not track and tuple(d) == (1, 1) and is_channels_last(x)
+
+
+@register("max_pool2d", reference=max_pool2d_reference, when=_pool_applies, available=have_numba)
+def max_pool2d_nhwc(x, *, k, s, p, d, out, nd, batched, track):
+    """Max pooling of channels-last data, output rows in parallel; channels-last result."""
+    o = np.empty((x.shape[0], *out, x.shape[1]), _F32)
+    return channels_last(maxpool_nhwc(x.transpose(0, 2, 3, 1), o, *k, *s, *p))
+
+
+# ------------------------------------------------------------------ NCHW depthwise (ops.conv)
+def _pads_nchw(h: int, wd: int, k, s, d, pad, out_hw) -> tuple:
+    """(top, bottom, left, right) padding: pad on top/left, whatever out_hw needs at the end."""
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = k, s, d, pad, out_hw
+    pb = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - h - pt)
+    pr = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - wd - pl)
+    return pt, pb, pl, pr
+
+
+def _padded_nchw(x: np.ndarray, k, s, d, pad, out_hw) -> np.ndarray:
+    pt, pb, pl, pr = _pads_nchw(*x.shape[2:], k, s, d, pad, out_hw)
+    return np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))) if pt or pb or pl or pr else x
+
+
+def _tap_nchw(xp: np.ndarray, i: int, j: int, s, d, out_hw) -> np.ndarray:
+    (sh, sw), (dh, dw), (oh, ow) = s, d, out_hw
+    return xp[
+        :, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw
+    ]
+
+
+def depthwise_conv2d_reference(
+    x: np.ndarray, w: np.ndarray, stride, dilation, pad, out_hw
+) -> np.ndarray:
+    """Forward: out[n, c*m+q] = sum_ij w[c*m+q, 0, i, j] * x_pad[n, c, tap(i, j)]."""
+    n, c = x.shape[:2]
+    o, _, kh, kw = w.shape
+    m = o // c
+    xp = _padded_nchw(x, (kh, kw), stride, dilation, pad, out_hw)
+    out = np.zeros((n, c, m, *out_hw), np.result_type(x, w))
+    tmp = np.empty_like(out)
+    for i in range(kh):
+        for j in range(kw):
+            v = _tap_nchw(xp, i, j, stride, dilation, out_hw)
+            np.multiply(v[:, :, None], w[:, 0, i, j].reshape(1, c, m, 1, 1), out=tmp)
+            out += tmp
+    return out.reshape(n, o, *out_hw)
+
+
+def depthwise_grad_input_reference(
+    g: np.ndarray, w: np.ndarray, x_shape, stride, dilation, pad
+) -> np.ndarray:
+    """d(out)/d(x) applied to g: scatter w * g back over each tap."""
+    n, c, h, wd = x_shape
+    o, _, kh, kw = w.shape
+    m = o // c
+    oh, ow = g.shape[2:]
+    g5 = g.reshape(n, c, m, oh, ow)
+    pt, pb, pl, pr = _pads_nchw(h, wd, (kh, kw), stride, dilation, pad, (oh, ow))
+    xp = np.zeros((n, c, h + pt + pb, wd + pl + pr), g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            wij = w[:, 0, i, j].reshape(1, c, m, 1, 1)
+            _tap_nchw(xp, i, j, stride, dilation, (oh, ow))[...] += (g5 * wij).sum(2)
+    return xp[:, :, pt : pt + h, pl : pl + wd]
+
+
+def depthwise_grad_weight_reference(
+    g: np.ndarray, x: np.ndarray, w_shape, stride, dilation, pad
+) -> np.ndarray:
+    """d(out)/d(w) applied to g: per tap, sum over batch and positions of g * x_tap."""
+    n, c = x.shape[:2]
+    o, _, kh, kw = w_shape
+    m = o // c
+    oh, ow = g.shape[2:]
+    g5 = g.reshape(n, c, m, oh, ow)
+    xp = _padded_nchw(x, (kh, kw), stride, dilation, pad, (oh, ow))
+    gw = np.zeros(w_shape, g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            v = _tap_nchw(xp, i, j, stride, dilation, (oh, ow))
+            gw[:, 0, i, j] = np.einsum("ncmhw,nchw->cm", g5, v).reshape(-1)
+    return gw
+
+
+def _build_nchw(nb):
+    # no jitted helpers captured in the closures: numba's on-disk cache would miss every run
+    @nb.njit(parallel=True, nogil=True, cache=True, fastmath=True)
+    def fwd(x, w, out, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n_, c_, h_, w_ = x.shape
+        o_, _, kh, kw = w.shape
+        oh_, ow_ = out.shape[2], out.shape[3]
+        m = o_ // c_
+        for p in nb.prange(n_ * o_):
+            n = p // o_
+            o = p - n * o_
+            xi = x[n, o // m]
+            po = out[n, o]
+            po[:, :] = 0
+            for i in range(kh):
+                offh = i * dh - pt
+                oh_lo = max(0, (sh - 1 - offh) // sh)
+                oh_hi = min(oh_, (h_ - 1 - offh) // sh + 1)
+                for j in range(kw):
+                    offw = j * dw - pl
+                    ow_lo = max(0, (sw - 1 - offw) // sw)
+                    ow_hi = min(ow_, (w_ - 1 - offw) // sw + 1)
+                    if ow_hi <= ow_lo:
+                        continue
+                    wv = w[o, 0, i, j]
+                    a = ow_lo * sw + offw
+                    for oh in range(oh_lo, oh_hi):
+                        prow = po[oh, ow_lo:ow_hi]
+                        xrow = xi[oh * sh + offh, a : a + (ow_hi - ow_lo - 1) * sw + 1 : sw]
+                        for t in range(prow.shape[0]):
+                            prow[t] += wv * xrow[t]
+        return out
+
+    @nb.njit(parallel=True, nogil=True, cache=True, fastmath=True)
+    def grad_input(g, w, gx, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n_, c_, h_, w_ = gx.shape
+        o_, _, kh, kw = w.shape
+        oh_, ow_ = g.shape[2], g.shape[3]
+        m = o_ // c_
+        for p in nb.prange(n_ * c_):
+            n = p // c_
+            c = p - n * c_
+            gxi = gx[n, c]
+            gxi[:, :] = 0
+            for o in range(c * m, c * m + m):
+                gi = g[n, o]
+                for i in range(kh):
+                    offh = i * dh - pt
+                    oh_lo = max(0, (sh - 1 - offh) // sh)
+                    oh_hi = min(oh_, (h_ - 1 - offh) // sh + 1)
+                    for j in range(kw):
+                        offw = j * dw - pl
+                        ow_lo = max(0, (sw - 1 - offw) // sw)
+                        ow_hi = min(ow_, (w_ - 1 - offw) // sw + 1)
+                        if ow_hi <= ow_lo:
+                            continue
+                        wv = w[o, 0, i, j]
+                        a = ow_lo * sw + offw
+                        for oh in range(oh_lo, oh_hi):
+                            grow = gi[oh, ow_lo:ow_hi]
+                            xrow = gxi[oh * sh + offh, a : a + (ow_hi - ow_lo - 1) * sw + 1 : sw]
+                            for t in range(grow.shape[0]):
+                                xrow[t] += wv * grow[t]
+        return gx
+
+    @nb.njit(parallel=True, nogil=True, cache=True, fastmath=True)
+    def grad_weight(g, x, gw, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n_, c_, h_, w_ = x.shape
+        o_, _, kh, kw = gw.shape
+        oh_, ow_ = g.shape[2], g.shape[3]
+        m = o_ // c_
+        for o in nb.prange(o_):
+            for i in range(kh):
+                offh = i * dh - pt
+                oh_lo = max(0, (sh - 1 - offh) // sh)
+                oh_hi = min(oh_, (h_ - 1 - offh) // sh + 1)
+                for j in range(kw):
+                    offw = j * dw - pl
+                    ow_lo = max(0, (sw - 1 - offw) // sw)
+                    ow_hi = min(ow_, (w_ - 1 - offw) // sw + 1)
+                    acc = 0.0
+                    a = ow_lo * sw + offw
+                    for n in range(n_ if ow_hi > ow_lo else 0):
+                        xi, gi = x[n, o // m], g[n, o]
+                        for oh in range(oh_lo, oh_hi):
+                            grow = gi[oh, ow_lo:ow_hi]
+                            xrow = xi[oh * sh + offh, a : a + (ow_hi - ow_lo - 1) * sw + 1 : sw]
+                            for t in range(grow.shape[0]):
+                                acc += grow[t] * xrow[t]
+                    gw[o, 0, i, j] = acc
+        return gw
+
+    return fwd, grad_input, grad_weight
+
+
+def _nchw_kernels(x: np.ndarray, w: np.ndarray):
+    """The compiled kernels when numba is present and the dtypes suit them, else None."""
+    global _NCHW
+    if x.dtype != w.dtype or x.dtype not in (np.float32, np.float64):
+        return None
+    if _NCHW is None:
+        nb = numba_or_none()
+        _NCHW = False if nb is None else _build_nchw(nb)
+    return _NCHW or None
+
+
+def depthwise_conv2d(x: np.ndarray, w: np.ndarray, stride, dilation, pad, out_hw) -> np.ndarray:
+    """Depthwise convolution forward (numba kernel, or the numpy reference)."""
+    k = _nchw_kernels(x, w)
+    if k is None:
+        return depthwise_conv2d_reference(x, w, stride, dilation, pad, out_hw)
+    out = np.empty((x.shape[0], w.shape[0], *out_hw), x.dtype)
+    return k[0](np.ascontiguousarray(x), np.ascontiguousarray(w), out, *stride, *dilation, *pad)
+
+
+def depthwise_grad_input(
+    g: np.ndarray, w: np.ndarray, x_shape, stride, dilation, pad
+) -> np.ndarray:
+    """The input gradient of a depthwise convolution (numba kernel, or the numpy reference)."""
+    k = _nchw_kernels(g, w)
+    if k is None:
+        return depthwise_grad_input_reference(g, w, x_shape, stride, dilation, pad)
+    gx = np.empty(x_shape, g.dtype)
+    return k[1](np.ascontiguousarray(g), np.ascontiguousarray(w), gx, *stride, *dilation, *pad)
+
+
+def depthwise_grad_weight(
+    g: np.ndarray, x: np.ndarray, w_shape, stride, dilation, pad
+) -> np.ndarray:
+    """The weight gradient of a depthwise convolution (numba kernel, or the numpy reference)."""
+    k = _nchw_kernels(g, x)
+    if k is None:
+        return depthwise_grad_weight_reference(g, x, w_shape, stride, dilation, pad)
+    gw = np.empty(w_shape, g.dtype)
+    return k[2](np.ascontiguousarray(g), np.ascontiguousarray(x), gw, *stride, *dilation, *pad)

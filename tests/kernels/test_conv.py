@@ -1,0 +1,143 @@
+"""Convolution kernels (kernels.cpu.conv) against their numpy references, through check_kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember.kernels import registry
+from ember.kernels.cpu import conv as K
+from ember.kernels.cpu.gemm import PackedWeight
+from ember.ops.conv import Geom
+from tests.helpers import check_kernel
+
+RNG = np.random.default_rng(0)
+
+
+def _r(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _kernel(op: str, name: str):
+    return next(k for k in registry.kernels(op) if k.name == name)
+
+
+def _cl(x: np.ndarray) -> np.ndarray:
+    """The same (N, C, H, W) values stored channels-last."""
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "n,h,w,c,k,s,pt,pl",
+    [(1, 7, 9, 3, 7, 2, 3, 3), (2, 6, 5, 16, 3, 1, 1, 1), (1, 8, 8, 5, 3, 2, 0, 0),
+     (1, 9, 4, 8, 5, 2, 1, 2)],
+)  # fmt: skip
+def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
+    x = _r(n, h, w, c)
+    oh, ow = (h + 2 * pt - k) // s + 1, (w + 2 * pl - k) // s + 1
+    a = np.full((n * oh * ow, k * k * c), np.nan, np.float32)
+    b = np.empty((n * oh * ow, k * k * c), np.float32)
+    K.im2col(x, a, k, k, s, s, pt, pl, oh, ow)
+    K.im2col_reference(x, b, k, k, s, s, pt, pl, oh, ow)
+    np.testing.assert_array_equal(a, b)
+    wt, bias = _r(k, k, c), _r(c)
+    for act in (0, 1, 2):
+        o1, o2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)
+        K.depthwise_nhwc(x, wt, bias, o1, s, s, pt, pl, act)
+        K.depthwise_nhwc_reference(x, wt, bias, o2, s, s, pt, pl, act)
+        np.testing.assert_allclose(o1, o2, atol=1e-5)
+    m1, m2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)
+    K.maxpool_nhwc(x, m1, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
+    K.maxpool_nhwc_reference(x, m2, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
+    np.testing.assert_array_equal(m1, m2)
+    st = x.strides  # overlapping windows (the stem's window rows) into a strided destination
+    src = np.lib.stride_tricks.as_strided(x, (n, h, w - k + 1, k * c), (*st[:2], st[2], st[3]))
+    dst = np.zeros((n, h + 1, w - k + 3, k * c), np.float32)
+    K.copy4d(src, dst[:, 1:, 2:])
+    np.testing.assert_array_equal(dst[:, 1:, 2:], src)
+    assert not dst[:, 0].any() and not dst[:, :, :2].any()
+
+
+CONV_CASES = [  # n, cin, cout, (kh, kw), stride, pads (t, b, l, r), hw
+    (2, 3, 8, (7, 7), (2, 2), (3, 3, 3, 3), (17, 14)),  # the stem: window rows (few channels)
+    (1, 8, 16, (1, 1), (1, 1), (0, 0, 0, 0), (5, 6)),  # 1x1 read in place
+    (1, 20, 40, (1, 1), (2, 2), (0, 0, 0, 0), (7, 9)),  # strided 1x1 in place
+    (2, 20, 33, (3, 3), (1, 1), (1, 1, 1, 1), (6, 7)),  # padded, partial panel
+    (1, 17, 40, (3, 3), (2, 2), (0, 1, 0, 1), (9, 7)),  # TF-same-like uneven padding
+    (1, 16, 5, (3, 1), (1, 1), (1, 1, 0, 0), (6, 7)),  # non-square kernel
+    (0, 16, 8, (3, 3), (1, 1), (1, 1, 1, 1), (4, 4)),  # empty batch
+]
+
+
+def _conv_cases(with_res: bool):
+    cases = []
+    for n, c, o, k, s, pads, hw in CONV_CASES:
+        x, w, b = _r(n, c, *hw), _r(o, c, *k), _r(o)
+        ref = K.conv2d_nchw_reference(x, w, s, pads, 1)
+        res = _r(*ref.shape) if with_res else None
+        for act in (None, "relu", "relu6"):
+            kw = dict(stride=s, pads=pads, groups=1, act=act)
+            args = (x, PackedWeight(w), b) + ((res,) if with_res else ())
+            cases.append((args, kw))
+            cases.append(((_cl(x), *args[1:]), kw))  # channels-last input, read in place
+    return cases
+
+
+@pytest.mark.parametrize("with_res", [False, True])
+def test_fused_conv_gemm_matches_reference(with_res):
+    k = _kernel("fused_conv2d", "fused_conv2d_gemm")
+    check_kernel(k, cases=_conv_cases(with_res), rtol=1e-4, atol=1e-4)
+
+
+def test_fused_conv_gemm_returns_channels_last_and_reuses_it():
+    w = PackedWeight(_r(8, 6, 3, 3))
+    kw = dict(stride=(1, 1), pads=(1, 1, 1, 1), groups=1, act="relu")
+    y = K.fused_conv2d_gemm(_r(2, 6, 5, 7), w, _r(8), **kw)
+    assert y.shape == (2, 8, 5, 7) and K.is_channels_last(y)
+    assert np.shares_memory(K.nhwc(y), y)  # the next layer reads it without a copy
+
+
+def test_fused_depthwise_matches_reference():
+    k = _kernel("fused_conv2d", "fused_conv2d_depthwise")
+    cases = []
+    for n, c, kk, s, pads, hw in [
+        (2, 6, 3, (1, 1), (1, 1, 1, 1), (9, 8)),
+        (1, 6, 5, (2, 2), (2, 2, 2, 2), (11, 10)),
+        (1, 24, 5, (2, 2), (1, 2, 1, 2), (12, 9)),  # TF-same padding
+    ]:
+        x, w, b = _r(n, c, *hw), _r(c, 1, kk, kk), _r(c)
+        for act in (None, "relu6"):
+            kw = dict(stride=s, pads=pads, groups=c, act=act)
+            cases += [((x, w, b), kw), ((_cl(x), w, b), kw)]
+    check_kernel(k, cases=cases, rtol=1e-5, atol=1e-5)
+    # a residual is not its case (the GEMM's epilogue has it): the op's forward runs then
+    x, w, b = _r(1, 4, 5, 5), _r(4, 1, 3, 3), _r(4)
+    kw = dict(stride=(1, 1), pads=(1, 1, 1, 1), groups=4, act=None)
+    assert not k.applies([x, w, b, _r(1, 4, 5, 5)], kw)
+
+
+def test_conv2d_with_a_packed_weight_matches_reference():
+    k = _kernel("conv2d", "conv2d_packed")
+    cases = []
+    for n, c, o, kk, s, pads, hw in CONV_CASES[:5]:
+        x, w, b = _r(n, c, *hw), PackedWeight(_r(o, c, *kk)), _r(o)
+        geom = Geom(s, (1, 1), pads, 1, 2, True)
+        cases += [((x, w, b), dict(geom=geom)), ((_cl(x), w), dict(geom=geom))]
+    check_kernel(k, cases=cases, rtol=1e-4, atol=1e-4)
+    dilated = Geom((1, 1), (2, 2), (0, 0, 0, 0), 1, 2, True)
+    assert not k.applies([_r(1, 3, 8, 8), PackedWeight(_r(4, 3, 3, 3))], dict(geom=dilated))
+
+
+def test_max_pool_nhwc_matches_reference():
+    k = _kernel("max_pool2d", "max_pool2d_nhwc")
+    cases = []
+    for n, c, hw, kk, s, p in [(1, 8, (9, 9), 3, 2, 1), (2, 5, (8, 7), 2, 2, 0),
+                               (1, 3, (6, 6), 3, 1, 1)]:  # fmt: skip
+        x = _cl(_r(n, c, *hw))
+        oh, ow = (hw[0] + 2 * p - kk) // s + 1, (hw[1] + 2 * p - kk) // s + 1
+        kw = dict(k=(kk, kk), s=(s, s), p=(p, p), d=(1, 1), out=(oh, ow), nd=2, batched=True,
+                  track=False)  # fmt: skip
+        cases.append(((x,), kw))
+    check_kernel(k, cases=cases)
+    plain = _r(1, 8, 9, 9)  # NCHW data keeps the op's own path
+    assert not k.applies([plain], cases[0][1])
