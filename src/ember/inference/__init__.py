@@ -41,11 +41,7 @@ from ember.autograd import no_grad
 from ember.inference.fold import fold_batchnorm
 from ember.inference.layout import channels_last
 from ember.inference.pack import pack_weights
-
-try:  # written alongside this package; optional until it lands
-    from ember.inference.stack import stack_linears
-except ImportError:  # pragma: no cover
-    stack_linears = None
+from ember.inference.stack import stack_linears
 
 
 def optimize_for_inference(model: nn.Module, inplace: bool = False) -> nn.Module:
@@ -60,8 +56,7 @@ def optimize_for_inference(model: nn.Module, inplace: bool = False) -> nn.Module
         model = copy.deepcopy(model)
     model.eval()
     with no_grad():
-        if stack_linears is not None:
-            model = stack_linears(model)
+        model = stack_linears(model)
         model = fold_batchnorm(model)
         model = channels_last(model)
         model = pack_weights(model)
