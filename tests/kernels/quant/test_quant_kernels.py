@@ -100,7 +100,7 @@ def test_matvec_kernel_matches_reference(qtype, n, schedule):
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-@pytest.mark.parametrize("m", [2, 3, 7, 8, 9, 16, 17, 40])  # small-batch GEMM, then tiles
+@pytest.mark.parametrize("m", [2, 3, 7, 8, 9, 16, 17, 40])  # matvec per row, then tiles
 def test_matmul_t_kernel_matches_reference(qtype, m, schedule, monkeypatch):
     qk = _kernels(qtype)
     monkeypatch.setattr(_common, "TILE_ELEMENTS", 3 * 512)  # prefill: a ragged last tile

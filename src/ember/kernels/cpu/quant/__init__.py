@@ -1,8 +1,8 @@
 """Quantized kernels, one module per GGUF block format, behind the ``linear_q`` op.
 
 ``q8_0``, ``q4_0``, ``q4_1``, ``q4_k``, ``q5_k``, ``q6_k``: each holds its numba bodies
-(matrix-vector, small-batch GEMM, row dequantization) and its numpy reference, bundled in a
-``_common.QuantKernels`` and registered as ``linear_<format>`` for the ``linear_q`` op (the
+(matrix-vector, row dequantization) and its numpy reference, bundled in a
+``_common.QuantKernels`` (which adds the small-batch and prefill paths) and registered as ``linear_<format>`` for the ``linear_q`` op (the
 ``QLinear`` Function of ``ember.ops.linalg``) under "the weight is a 2-d QTensor of this
 format, x is float32". What they share (checks, f16 table, the threading split, the prefill
 tiles, the references) is in ``_common``.

@@ -4,10 +4,12 @@ A format module (``q4_0.py`` ...) writes three numba bodies on the packed blocks
 to :class:`QuantKernels`, which compiles them on first use and runs them:
 
 * ``mv(w, lut, x, y, chunk)``: ``y = W @ x`` for one vector (decode), ``x`` as (blocks, lanes);
-* ``mm(w, lut, x, y, chunk)``: ``y = x @ W.T`` for a few rows of x (M <= SMALL_M), ``x`` as
-  (M, blocks, lanes), ``y`` (M, N): each block is decoded once for all M rows;
 * ``dq(w, lut, unit, r0, r1, out)``: rows ``[r0, r1)`` of W into a float32 tile, which BLAS
   multiplies for a prefill (M > SMALL_M).
+
+A small batch (1 < M <= SMALL_M) runs ``mv`` once per row of x: each a bandwidth-bound pass
+over the packed weight. (A body that decodes each block once for all M rows was 2-8x slower
+in numba: with a local decoded block and local sums LLVM kept the loops scalar.)
 
 ``w`` is always the (rows, blocks per row, bytes per block) uint8 view of the packed bytes
 (never a copy, never the whole matrix decoded). The loops over rows run in ``prange`` over
@@ -35,7 +37,7 @@ from ember.quant.formats import block_format, dequantize
 
 F32 = np.float32
 U8 = np.uint8
-SMALL_M = 16  # up to this many rows of x the packed weight is read once per call, no BLAS
+SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
 SERIAL_MAX_BYTES = 1 << 22  # below this weight size the matrix-vector kernel runs on one thread
@@ -111,20 +113,19 @@ def _real(x: np.ndarray, what: str) -> None:
 
 
 class QuantKernels:
-    """One block format's kernels (matrix-vector, small-batch GEMM, row dequantization).
+    """One block format's kernels (matrix-vector, small-batch product, row dequantization).
 
     The public methods check their operands (a wrong block count or byte count is a
     ShapeError, never a read out of bounds) and take any real x; ``*_reference`` are their
     numpy references, same signatures. ``linear`` is the ``linear_q`` op's kernel.
     """
 
-    def __init__(self, qtype: str, *, mv, mm, dq, dequantize_reference) -> None:
+    def __init__(self, qtype: str, *, mv, dq, dequantize_reference) -> None:
         fmt = block_format(qtype)
         self.qtype = fmt.name
         self.block_size = fmt.block_size
         self.type_size = fmt.type_size
         self._mv = qjit(mv, parallel=True)
-        self._mm = qjit(mm, parallel=True)
         self._dq = qjit(dq, parallel=True)
         self._dq1 = qjit(dq, suffix="serial")  # prefill tiles: one thread per tile, no team
         self.dequantize_reference = dequantize_reference
@@ -241,9 +242,10 @@ class QuantKernels:
         m = x.shape[0]
         if m == 1:
             return self.run_matvec(w3, x[0]).reshape(1, -1)
-        if m <= SMALL_M:  # a few rows: one bandwidth-bound pass over the packed weight
+        if m <= SMALL_M:  # a few rows: one bandwidth-bound pass over the packed weight each
             y = np.empty((m, w3.shape[0]), F32)
-            self._schedule(self._mm, w3, x.reshape(m, w3.shape[1], -1), y)
+            for i in range(m):
+                y[i] = self.run_matvec(w3, x[i])
             return y
         return self._prefill(w3, x)
 

@@ -57,42 +57,6 @@ def _mv(w, lut, x, y, chunk):  # pragma: no cover - compiled
             y[n] = t.sum()
 
 
-def _mm(w, lut, x, y, chunk):  # pragma: no cover - compiled
-    """y = x @ W.T for the M rows of x, each super-block decoded once."""
-    n_rows, nb, bs = w.shape
-    m = x.shape[0]
-    ahead = (PREFETCH_BYTES + bs - 1) // bs
-    for c in prange((n_rows + chunk - 1) // chunk):
-        t = np.empty((m, 32), np.float32)
-        q = np.empty(256, np.float32)
-        for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
-            t[:] = 0
-            for b in range(nb):
-                prefetch(w, n, b + ahead, 0)
-                prefetch(w, n, b + ahead, 64)
-                prefetch(w, n, b + ahead, 128)
-                d = f16(lut, w[n, b, 0], w[n, b, 1])
-                dmin = f16(lut, w[n, b, 2], w[n, b, 3])
-                for g in range(4):
-                    s0, m0 = scale_min_k4(w, n, b, 2 * g)
-                    s1, m1 = scale_min_k4(w, n, b, 2 * g + 1)
-                    d0 = d * F32(s0)
-                    o0 = dmin * F32(m0)
-                    d1 = d * F32(s1)
-                    o1 = dmin * F32(m1)
-                    for j in range(32):
-                        v = w[n, b, 48 + 32 * g + j]
-                        h = w[n, b, 16 + j] >> (2 * g)
-                        q[64 * g + j] = d0 * F32(U8((v & 15) | ((h & 1) << 4))) - o0
-                        q[64 * g + 32 + j] = d1 * F32(U8((v >> 4) | ((h & 2) << 3))) - o1
-                for i in range(m):
-                    for s in range(8):
-                        for j in range(32):
-                            t[i, j] += q[32 * s + j] * x[i, b, 32 * s + j]
-            for i in range(m):
-                y[i, n] = t[i].sum()
-
-
 def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
     """Rows r0..r1 of W into out[(r1 - r0), K]."""
     nb = w.shape[1]
@@ -117,5 +81,5 @@ def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
                     out[i, 256 * b + 64 * g + 32 + j] = (d1 * F32(hi) - o1) * unit[j]
 
 
-Q5_K = QuantKernels("Q5_K", mv=_mv, mm=_mm, dq=_dq, dequantize_reference=dequantize_reference)
+Q5_K = QuantKernels("Q5_K", mv=_mv, dq=_dq, dequantize_reference=dequantize_reference)
 linear_q5_k = Q5_K.register()

@@ -63,49 +63,6 @@ def _mv(w, lut, x, y, chunk):  # pragma: no cover - compiled
             y[n] = t.sum()
 
 
-def _mm(w, lut, x, y, chunk):  # pragma: no cover - compiled
-    """y = x @ W.T for the M rows of x, each super-block decoded once."""
-    n_rows, nb, bs = w.shape
-    m = x.shape[0]
-    ahead = (PREFETCH_BYTES + bs - 1) // bs
-    for c in prange((n_rows + chunk - 1) // chunk):
-        t = np.empty((m, 32), np.float32)
-        q = np.empty(256, np.float32)
-        for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
-            t[:] = 0
-            for b in range(nb):
-                for line in range(4):
-                    prefetch(w, n, b + ahead, 64 * line)
-                d = f16(lut, w[n, b, 208], w[n, b, 209])
-                for h in range(2):
-                    for k in range(2):
-                        s0 = d * F32(np.int8(w[n, b, 192 + 8 * h + k]))
-                        s1 = d * F32(np.int8(w[n, b, 194 + 8 * h + k]))
-                        s2 = d * F32(np.int8(w[n, b, 196 + 8 * h + k]))
-                        s3 = d * F32(np.int8(w[n, b, 198 + 8 * h + k]))
-                        base = 128 * h + 16 * k
-                        for j in range(16):
-                            a = w[n, b, 64 * h + 16 * k + j]
-                            e = w[n, b, 64 * h + 32 + 16 * k + j]
-                            hb = w[n, b, 128 + 32 * h + 16 * k + j]
-                            q[base + j] = s0 * (F32(U8((a & 15) | ((hb & 3) << 4))) - F32(32.0))
-                            q[base + 32 + j] = s1 * (
-                                F32(U8((e & 15) | (((hb >> 2) & 3) << 4))) - F32(32.0)
-                            )
-                            q[base + 64 + j] = s2 * (
-                                F32(U8((a >> 4) | (((hb >> 4) & 3) << 4))) - F32(32.0)
-                            )
-                            q[base + 96 + j] = s3 * (
-                                F32(U8((e >> 4) | (((hb >> 6) & 3) << 4))) - F32(32.0)
-                            )
-                for i in range(m):
-                    for s in range(8):
-                        for j in range(32):
-                            t[i, j] += q[32 * s + j] * x[i, b, 32 * s + j]
-            for i in range(m):
-                y[i, n] = t[i].sum()
-
-
 def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
     """Rows r0..r1 of W into out[(r1 - r0), K]."""
     nb = w.shape[1]
@@ -134,5 +91,5 @@ def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
                         out[i, base + 96 + j] = s3 * q3 * unit[j]
 
 
-Q6_K = QuantKernels("Q6_K", mv=_mv, mm=_mm, dq=_dq, dequantize_reference=dequantize_reference)
+Q6_K = QuantKernels("Q6_K", mv=_mv, dq=_dq, dequantize_reference=dequantize_reference)
 linear_q6_k = Q6_K.register()

@@ -39,28 +39,6 @@ def _mv(w, lut, x, y, chunk):  # pragma: no cover - compiled
             y[n] = t.sum()
 
 
-def _mm(w, lut, x, y, chunk):  # pragma: no cover - compiled
-    """y[i, n] = sum_b d * (q . x[i, b]) for the M rows of x, each block decoded once."""
-    n_rows, nb, bs = w.shape
-    m = x.shape[0]
-    ahead = (PREFETCH_BYTES + bs - 1) // bs
-    for c in prange((n_rows + chunk - 1) // chunk):
-        t = np.empty((m, 32), np.float32)
-        q = np.empty(32, np.float32)
-        for n in range(c * chunk, min(n_rows, c * chunk + chunk)):
-            t[:] = 0
-            for b in range(nb):
-                prefetch(w, n, b + ahead, 0)
-                d = f16(lut, w[n, b, 0], w[n, b, 1])
-                for j in range(32):
-                    q[j] = d * F32(np.int8(w[n, b, 2 + j]))
-                for i in range(m):
-                    for j in range(32):
-                        t[i, j] += q[j] * x[i, b, j]
-            for i in range(m):
-                y[i, n] = t[i].sum()
-
-
 def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
     """Rows r0..r1 of W into out[(r1 - r0), K]."""
     nb = w.shape[1]
@@ -74,5 +52,5 @@ def _dq(w, lut, unit, r0, r1, out):  # pragma: no cover - compiled
                 out[i, 32 * b + j] = (d * F32(U8(v)) - d256 * F32(U8(v >> 7))) * unit[j]
 
 
-Q8_0 = QuantKernels("Q8_0", mv=_mv, mm=_mm, dq=_dq, dequantize_reference=dequantize_reference)
+Q8_0 = QuantKernels("Q8_0", mv=_mv, dq=_dq, dequantize_reference=dequantize_reference)
 linear_q8_0 = Q8_0.register()
