@@ -16,9 +16,9 @@ import numpy as np
 from ember.device import META
 from ember.errors import AutogradError, DeviceError, EmberError, ShapeError
 from ember.kernels import registry
+from ember.tensor import Tensor
 
 _grad_enabled = True
-Tensor = None  # set by ember.tensor once the class exists (avoids an import cycle)
 
 
 def is_grad_enabled() -> bool:

@@ -1,15 +1,52 @@
-"""Tensor: one backend array + device + autograd link. Methods delegate to ember.ops."""
+"""Tensor: one backend array + device + autograd link.
+
+The class holds the data and what can be said about it without computing (shape, dtype, device,
+strides, conversion to Python and numpy, the autograd flags). Its op methods come from typed
+mixins, one per op family (``ember/_tensor_*.py``); each is one call into the op function in
+``ember.ops``. The ops import this module, never the other way: the mixins and the few methods
+here that compute name the modules above them with ``ember._later.later``.
+"""
 
 from __future__ import annotations
 
+import builtins
 import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ember import autograd
 from ember import dtypes as _dt
+from ember._later import later
+from ember._tensor_math import MathMethods
+from ember._tensor_operators import OperatorMethods
+from ember._tensor_reduce import ReduceMethods
+from ember._tensor_shape import ShapeMethods
 from ember.device import CPU, META, Device, as_device
 from ember.errors import AutogradError, DeviceError, DTypeError, ShapeError
+
+if TYPE_CHECKING:
+    from typing import NamedTuple, TypeAlias
+
+    # what ops accept where torch accepts a Python scalar, and where torch accepts a dtype
+    Number: TypeAlias = int | float | bool
+    DTypeLike: TypeAlias = _dt.DType | str | np.dtype | type
+
+    class ValuesIndices(NamedTuple):
+        """What max(dim), sort, topk, ... return (a torch.return_types-like namedtuple)."""
+
+        values: Tensor
+        indices: Tensor
+
+    class MinMax(NamedTuple):
+        """What aminmax returns."""
+
+        min: Tensor
+        max: Tensor
+
+
+_A = later(globals(), "_A", "ember.autograd")
+_U = later(globals(), "_U", "ember.ops._util")
 
 
 class Size(tuple):
@@ -28,7 +65,44 @@ class Size(tuple):
         return f"ember.Size({list(self)})"
 
 
-class Tensor:
+def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
+    """Convert Python data / numpy arrays / tensors to an array with torch's default dtypes."""
+    dt = None if dtype is None else _dt.get_dtype(dtype)
+    if isinstance(data, Tensor):
+        arr = data._data
+    elif isinstance(data, np.ndarray):
+        arr = data
+    else:
+        if type(data).__module__.startswith("torch"):
+            arr = data.detach().cpu()
+            arr = arr.float().numpy() if str(arr.dtype) == "torch.bfloat16" else arr.numpy()
+            if dt is None and str(data.dtype) == "torch.bfloat16":
+                dt = _dt.bfloat16
+        else:
+            if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
+                data = [x._data if isinstance(x, Tensor) else x for x in data]
+            try:
+                arr = np.asarray(data)
+            except ValueError as e:
+                raise ShapeError(f"cannot build a tensor from ragged data: {e}") from None
+            if dt is None:
+                kind = arr.dtype.kind
+                if kind == "f":
+                    dt = _dt.get_default_dtype()
+                elif kind in "iu":
+                    dt = _dt.int64
+                elif kind == "O":
+                    raise DTypeError("cannot build a tensor from objects of mixed or unknown type")
+    if arr.dtype.kind in "USO":
+        raise DTypeError(f"cannot build a tensor from {arr.dtype} data")
+    if dt is not None and arr.dtype != dt.np:
+        arr = arr.astype(dt.np)
+    elif dt is None:
+        _dt.from_numpy_dtype(arr.dtype)
+    return arr
+
+
+class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
     """An n-dimensional array with a dtype, a device and (optionally) a gradient."""
 
     __slots__ = (
@@ -43,16 +117,28 @@ class Tensor:
     )
     __array_ufunc__ = None  # numpy defers to our reflected operators
 
-    def __init__(self, data, dtype=None, device=None, requires_grad: bool = False) -> None:
-        from ember.ops.creation import _to_array
+    _data: np.ndarray
+    _device: Device
+    requires_grad: builtins.bool
+    grad: Tensor | None
+    _ctx: Any
+    _retain: builtins.bool
+    _hooks: tuple
 
+    def __init__(
+        self,
+        data: Any,
+        dtype: DTypeLike | None = None,
+        device: Device | str | None = None,
+        requires_grad: builtins.bool = False,
+    ) -> None:
         dev = as_device(device)
         arr = _to_array(data, dtype)
-        if dev is META:
-            arr = autograd.meta_array(arr.shape, arr.dtype)
+        if dev is META:  # a data-free array: a 0-d zero broadcast with zero strides
+            arr = np.broadcast_to(np.zeros((), arr.dtype), arr.shape)
         self._init(arr, dev, requires_grad)
 
-    def _init(self, arr: np.ndarray, device: Device, requires_grad: bool) -> None:
+    def _init(self, arr: np.ndarray, device: Device, requires_grad: builtins.bool) -> None:
         """Set every field of a new leaf tensor (``_wrap`` inlines this: it is per-op)."""
         self._data = arr
         self._device = device
@@ -65,7 +151,7 @@ class Tensor:
             self.requires_grad_(True)
 
     @staticmethod
-    def _wrap(arr, device: Device = CPU, ctx=None) -> Tensor:
+    def _wrap(arr: Any, device: Device = CPU, ctx: Any = None) -> Tensor:
         """Wrap a backend array without copying (internal fast path)."""
         t = object.__new__(Tensor)
         t._data = arr if type(arr) is np.ndarray else np.asarray(arr)
@@ -85,7 +171,11 @@ class Tensor:
         """The shape as an ember.Size."""
         return Size(self._data.shape)
 
-    def size(self, dim: int | None = None):
+    @overload
+    def size(self, dim: None = None) -> Size: ...
+    @overload
+    def size(self, dim: builtins.int) -> builtins.int: ...
+    def size(self, dim: builtins.int | None = None) -> Size | builtins.int:
         """The shape, or the length of one dimension."""
         if dim is None:
             return Size(self._data.shape)
@@ -102,38 +192,38 @@ class Tensor:
         return self._device
 
     @property
-    def ndim(self) -> int:
+    def ndim(self) -> builtins.int:
         """The number of dimensions."""
         return self._data.ndim
 
-    def dim(self) -> int:
+    def dim(self) -> builtins.int:
         """The number of dimensions."""
         return self._data.ndim
 
-    def numel(self) -> int:
+    def numel(self) -> builtins.int:
         """The number of elements."""
         return self._data.size
 
-    def nelement(self) -> int:
+    def nelement(self) -> builtins.int:
         """The number of elements."""
         return self._data.size
 
-    def element_size(self) -> int:
+    def element_size(self) -> builtins.int:
         """Bytes per element."""
         return self._data.itemsize
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> builtins.int:
         """Bytes the elements take (as if contiguous)."""
         return self._data.nbytes
 
     @property
-    def is_leaf(self) -> bool:
+    def is_leaf(self) -> builtins.bool:
         """True for tensors not produced by a recorded op."""
         return self._ctx is None
 
     @property
-    def grad_fn(self):
+    def grad_fn(self) -> Any:
         """The Function that produced this tensor, or None for leaves."""
         return self._ctx
 
@@ -143,24 +233,24 @@ class Tensor:
         return Tensor._wrap(self._data, self._device)
 
     @data.setter
-    def data(self, value: Tensor) -> None:
+    def data(self, value: Tensor | np.ndarray) -> None:
         self._data = value._data if isinstance(value, Tensor) else np.asarray(value)
 
     @property
-    def is_meta(self) -> bool:
+    def is_meta(self) -> builtins.bool:
         """Whether this tensor lives on the meta device (no data)."""
         return self._device is META
 
     @property
-    def is_cuda(self) -> bool:
+    def is_cuda(self) -> builtins.bool:
         """Always False: ember has no CUDA backend installed."""
         return False
 
-    def is_floating_point(self) -> bool:
+    def is_floating_point(self) -> builtins.bool:
         """Whether the dtype is a float type."""
         return self._data.dtype.kind == "f" or self._data.dtype == _dt.bfloat16.np
 
-    def stride(self, dim: int | None = None):
+    def stride(self, dim: builtins.int | None = None) -> Any:
         """Strides in elements, as torch reports them."""
         if self._device is META:
             st, acc = [], 1
@@ -172,17 +262,17 @@ class Tensor:
             st = tuple(s // self._data.itemsize for s in self._data.strides)
         return st if dim is None else st[_wrap_dim(dim, self._data.ndim)]
 
-    def is_contiguous(self, memory_format=None) -> bool:
+    def is_contiguous(self, memory_format: object = None) -> builtins.bool:
         """Whether elements are laid out densely in row-major order."""
         if self._device is META:
             return True
         return bool(self._data.flags.c_contiguous)
 
-    def data_ptr(self) -> int:
+    def data_ptr(self) -> builtins.int:
         """The address of the first element."""
         return self._data.__array_interface__["data"][0]
 
-    def untyped_storage_nbytes(self) -> int:
+    def untyped_storage_nbytes(self) -> builtins.int:
         """Bytes of the underlying buffer."""
         base = self._data
         while isinstance(base.base, np.ndarray):
@@ -190,7 +280,7 @@ class Tensor:
         return base.nbytes
 
     # ---------------------------------------------------------------- conversion
-    def numpy(self, *, force: bool = False) -> np.ndarray:
+    def numpy(self, *, force: builtins.bool = False) -> np.ndarray:
         """The data as a numpy array, sharing memory (zero-copy)."""
         if self._device is META:
             raise DeviceError("a meta tensor has no data; move it to 'cpu' with real values first")
@@ -200,7 +290,7 @@ class Tensor:
             )
         return self._data
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: builtins.bool | None = None) -> np.ndarray:
         if self._device is META:
             raise DeviceError("a meta tensor has no data")
         a = self._data
@@ -208,13 +298,13 @@ class Tensor:
             return a.astype(dtype)
         return a.copy() if copy else a
 
-    def __dlpack__(self, *args, **kwargs):
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
         return self._data.__dlpack__(*args, **kwargs)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Any:
         return self._data.__dlpack_device__()
 
-    def item(self):
+    def item(self) -> Any:
         """The single value as a Python number."""
         if self._device is META:
             raise DeviceError("item() on a meta tensor: it has no data")
@@ -229,7 +319,7 @@ class Tensor:
         )
         return v
 
-    def tolist(self):
+    def tolist(self) -> Any:
         """The data as (nested) Python lists."""
         if self._device is META:
             raise DeviceError("tolist() on a meta tensor: it has no data")
@@ -238,35 +328,35 @@ class Tensor:
             a = a.astype(np.float32)
         return a.tolist()
 
-    def __float__(self) -> float:
+    def __float__(self) -> builtins.float:
         return float(self.item())
 
-    def __int__(self) -> int:
+    def __int__(self) -> builtins.int:
         return int(self.item())
 
-    def __index__(self) -> int:
+    def __index__(self) -> builtins.int:
         if self._data.dtype.kind not in "iu" or self._data.size != 1:
             raise DTypeError("only integer tensors of a single element can be used as an index")
         return int(self.item())
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> builtins.bool:
         if self._data.size != 1:
             raise ShapeError(
                 f"boolean value of a tensor with {self._data.size} elements is ambiguous"
             )
         return bool(self.item())
 
-    def __len__(self) -> int:
+    def __len__(self) -> builtins.int:
         if self._data.ndim == 0:
             raise ShapeError("len() of a 0-d tensor")
         return self._data.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tensor]:
         if self._data.ndim == 0:
             raise ShapeError("iteration over a 0-d tensor")
         return (self[i] for i in range(self._data.shape[0]))
 
-    def __hash__(self) -> int:
+    def __hash__(self) -> builtins.int:
         return id(self)
 
     def __repr__(self) -> str:
@@ -289,7 +379,7 @@ class Tensor:
         return f"tensor({body}{extra})"
 
     # ---------------------------------------------------------------- dtype / device
-    def to(self, *args, **kwargs) -> Tensor:
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
         """Move and/or cast: to(dtype), to(device), to(device, dtype), to(other_tensor)."""
         dtype = kwargs.pop("dtype", None)
         device = kwargs.pop("device", None)
@@ -308,14 +398,14 @@ class Tensor:
         if device is not None:
             dev = as_device(device)
             if dev is not self._device:
-                out = _ops().to_device(out, dev)
+                out = _U.to_device(out, dev)
         if dtype is not None:
-            out = _ops().cast(out, _dt.get_dtype(dtype))
+            out = _U.cast(out, _dt.get_dtype(dtype))
         if copy and out is self:
             out = self.clone()
         return out
 
-    def type(self, dtype=None):
+    def type(self, dtype: DTypeLike | None = None) -> Any:
         """The dtype name, or a cast to dtype."""
         if dtype is None:
             return f"ember.{self.dtype.name}"
@@ -365,12 +455,12 @@ class Tensor:
         """This tensor on the CPU."""
         return self.to("cpu")
 
-    def cuda(self, device=None) -> Tensor:
+    def cuda(self, device: Any = None) -> Tensor:
         """Raises DeviceError: no CUDA backend is installed."""
         return self.to("cuda")
 
     # ---------------------------------------------------------------- autograd
-    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+    def requires_grad_(self, requires_grad: builtins.bool = True) -> Tensor:
         """Set whether autograd records ops on this leaf."""
         if not self.is_leaf and not requires_grad:
             raise AutogradError("you can only change requires_grad flags of leaf variables")
@@ -396,59 +486,29 @@ class Tensor:
         self._retain = True
 
     @property
-    def retains_grad(self) -> bool:
+    def retains_grad(self) -> builtins.bool:
         """Whether backward stores .grad on this non-leaf."""
         return self._retain
 
-    def register_hook(self, hook) -> None:
+    def register_hook(self, hook: Any) -> None:
         """Call hook(grad) when this tensor's gradient is computed; a returned tensor replaces it."""
         if not self.requires_grad:
             raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
         self._hooks = (*self._hooks, hook)
 
     def backward(
-        self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False
+        self,
+        gradient: Tensor | None = None,
+        retain_graph: builtins.bool | None = None,
+        create_graph: builtins.bool = False,
     ) -> None:
         """Compute gradients of this tensor with respect to graph leaves."""
-        autograd.backward([self], None if gradient is None else [gradient], retain_graph)
+        _A.backward([self], None if gradient is None else [gradient], retain_graph)
 
     # ---------------------------------------------------------------- in-place machinery
     def _assign(self, out: Tensor) -> Tensor:
-        """Make ``out`` the new value of self in place (the core of every op_)."""
-        if out._ctx is not None:
-            if self._ctx is None and self.requires_grad:
-                raise AutogradError(
-                    "a leaf tensor that requires grad is used in an in-place operation; "
-                    "wrap it in ember.no_grad() or use the out-of-place op"
-                )
-            # out's node recorded self's old node as its edge, so rebinding keeps history intact
-            self._data = out._data.astype(self._data.dtype, copy=False)
-            self._ctx = out._ctx
-            self._ctx._out_ref = weakref.ref(self)
-            self.requires_grad = True
-            return self
-        if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
-            raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
-        if self._device is META:
-            np.broadcast_shapes(out._data.shape, self._data.shape)
-            return self
-        src = out._data
-        if src.dtype != self._data.dtype:
-            if _dt.from_numpy_dtype(src.dtype).category > self.dtype.category:
-                raise DTypeError(
-                    f"result type {out.dtype} can't be cast to the desired output type {self.dtype}"
-                )
-        if np.broadcast_shapes(src.shape, self._data.shape) != self._data.shape:
-            raise ShapeError(
-                f"in-place op: output with shape {self._data.shape} doesn't match the broadcast shape {src.shape}"
-            )
-        if not self._data.flags.writeable:
-            raise AutogradError(
-                "in-place write into a read-only tensor (an expand()ed view or a memory-mapped "
-                "weight); clone() it first"
-            )
-        np.copyto(self._data, src, casting="unsafe")
-        return self
+        """Make ``out`` the new value of self in place (the core of every op_; ops._util.assign)."""
+        return _U.assign(self, out)
 
 
 _DEVICE_NAMES = ("cpu", "meta", "cuda")
@@ -461,18 +521,3 @@ def _wrap_dim(dim: int, ndim: int) -> int:
             f"dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})"
         )
     return dim % n
-
-
-_ops_mod = None
-
-
-def _ops():
-    global _ops_mod
-    if _ops_mod is None:
-        import ember.ops as m
-
-        _ops_mod = m
-    return _ops_mod
-
-
-autograd.Tensor = Tensor

@@ -1,8 +1,8 @@
 """Gather and scatter by index tensors: gather, scatter, scatter_add, scatter_reduce,
-index_select/add/copy/fill, take, take_along_dim, put, one_hot and embedding.
+index_select/add/copy/fill, take, take_along_dim, one_hot and embedding.
 
 Re-exported by ember.ops.index. Index values are checked (IndexError with the bad value) and must
-be integer tensors (DTypeError otherwise). Gathers use Index from ember.ops.movement, whose
+be integer tensors (DTypeError otherwise). Gathers use Index from ember.ops._view, whose
 backward accumulates repeated indices.
 """
 
@@ -14,8 +14,8 @@ from ember import dtypes as _dt
 from ember.autograd import Function, meta_array
 from ember.device import META
 from ember.errors import DeviceError, DTypeError, ShapeError, UnsupportedError
-from ember.ops._util import as_tensor_like, cast, wrap_dim
-from ember.ops.movement import Index, acc_dtype, expand, reshape
+from ember.ops._util import acc_dtype, as_tensor_like, cast, wrap_dim
+from ember.ops._view import Index, expand, reshape
 from ember.tensor import Tensor
 
 
@@ -426,24 +426,6 @@ def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Te
     return gather(expand(input, tuple(bx)), d, expand(indices, tuple(bi)))
 
 
-def put(input: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> Tensor:
-    """A copy of input (viewed as 1-d) with source written (or added) at index."""
-    idx = _int_index(index, "put", input)
-    if idx.size != source._data.size:
-        raise ShapeError(
-            f"put: index ({idx.size} elements) and source ({source._data.size}) "
-            "must have the same size"
-        )
-    flat = reshape(input.clone(), -1)
-    n = flat._data.shape[0]
-    _bounds(idx.reshape(-1), n, 0, "put", input)
-    from ember.ops.index import index_put
-
-    at = (Tensor._wrap(idx.reshape(-1), input._device),)
-    out = index_put(flat, at, reshape(source, -1), accumulate)
-    return reshape(out, input.shape)
-
-
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     """int64 one-hot encoding: shape (*tensor.shape, num_classes); num_classes=-1 infers max + 1."""
     a = tensor._data
@@ -534,10 +516,5 @@ def embedding(
 
 __all__ = [
     "gather", "scatter", "scatter_add", "scatter_reduce", "index_select", "index_add",
-    "index_copy", "index_fill", "take", "take_along_dim", "put", "one_hot",
+    "index_copy", "index_fill", "take", "take_along_dim", "one_hot",
 ]  # fmt: skip
-METHODS = {
-    n: globals()[n]
-    for n in ["gather", "scatter", "scatter_add", "scatter_reduce", "index_select", "index_add",
-              "index_copy", "index_fill", "take", "take_along_dim", "put"]
-}  # fmt: skip

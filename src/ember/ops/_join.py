@@ -1,8 +1,8 @@
 """Joining tensors: cat, stack, hstack, vstack, dstack, column_stack (copies, as in PyTorch),
 and the views that prepare them: atleast_1d/2d/3d and meshgrid.
 
-Re-exported by ember.ops.movement, which imports this module; the views it needs (reshape,
-expand, unsqueeze) are therefore imported from movement inside the functions.
+Re-exported by ember.ops.movement; the views it needs (reshape, expand, unsqueeze) come from
+_view, below both.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from ember import dtypes as _dt
 from ember.autograd import Function
 from ember.errors import ShapeError
 from ember.ops._util import cast, wrap_dim
+from ember.ops._view import expand, reshape, unsqueeze
 from ember.tensor import Tensor
 
 
@@ -93,8 +94,6 @@ concat = concatenate = cat
 
 def stack(tensors, dim: int = 0) -> Tensor:
     """Stack same-shape tensors along a new dim."""
-    from ember.ops.movement import unsqueeze
-
     tensors = _common(tensors, "stack")
     ref = tensors[0]._data.shape
     for x in tensors[1:]:
@@ -131,24 +130,18 @@ def dstack(tensors) -> Tensor:
 
 def column_stack(tensors) -> Tensor:
     """Stack 0/1-d tensors as columns (n -> (n, 1)) and concatenate along dim 1."""
-    from ember.ops.movement import reshape
-
     return cat([reshape(x, x._data.size, 1) if x._data.ndim <= 1 else x for x in tensors], 1)
 
 
 # ------------------------------------------------------------------ at-least views, grids (views)
 def atleast_1d(*tensors):
     """Each tensor viewed with at least 1 dim (a tuple when given several)."""
-    from ember.ops.movement import reshape
-
     out = [reshape(x, 1) if x._data.ndim == 0 else x for x in _seq(tensors)]
     return out[0] if len(out) == 1 and isinstance(tensors[0], Tensor) else tuple(out)
 
 
 def atleast_2d(*tensors):
     """Each tensor viewed with at least 2 dims (new dims in front)."""
-    from ember.ops.movement import reshape
-
     out = [
         reshape(x, (1,) * (2 - x._data.ndim) + x._data.shape) if x._data.ndim < 2 else x
         for x in _seq(tensors)
@@ -158,8 +151,6 @@ def atleast_2d(*tensors):
 
 def atleast_3d(*tensors):
     """Each tensor viewed with at least 3 dims: (n,) -> (1, n, 1), (m, n) -> (m, n, 1)."""
-    from ember.ops.movement import reshape
-
     def f(x):
         s = x._data.shape
         return (
@@ -178,8 +169,6 @@ def _seq(tensors) -> list:
 
 def meshgrid(*tensors, indexing: str = "ij") -> tuple:
     """Coordinate grids (expanded views) of 1-d tensors; indexing 'ij' (matrix) or 'xy' (x, y)."""
-    from ember.ops.movement import expand, reshape
-
     ts = [reshape(x, -1) for x in _seq(tensors)]
     if indexing not in ("ij", "xy"):
         raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
@@ -203,4 +192,3 @@ __all__ = [
     "cat", "concat", "concatenate", "stack", "hstack", "vstack", "row_stack", "dstack",
     "column_stack", "atleast_1d", "atleast_2d", "atleast_3d", "meshgrid",
 ]  # fmt: skip
-METHODS: dict = {}

@@ -1,6 +1,6 @@
 """Order statistics: max/min (values and indices), amax/amin, argmax/argmin, median, mode.
 
-Re-exported by ember.ops.reduce, whose helpers they share. Selection by index (max(dim),
+Re-exported by ember.ops.reduce; the helpers they share with it live in _reduce_base. Selection by index (max(dim),
 median(dim), mode) sends the gradient to the chosen element; amax/amin and the full max(),
 min(), median() split it evenly among ties, as torch does.
 """
@@ -12,8 +12,7 @@ import numpy as np
 from ember.autograd import Function, meta_array
 from ember.device import META
 from ember.errors import DTypeError
-from ember.ops._util import wrap_dim
-from ember.ops.reduce import (
+from ember.ops._reduce_base import (
     _I64,
     _acc,
     _dims,
@@ -27,6 +26,7 @@ from ember.ops.reduce import (
     _shape,
     _up,
 )
+from ember.ops._util import wrap_dim
 from ember.tensor import Tensor
 
 

@@ -1,7 +1,7 @@
 """Copying rearrangements: flip, roll, rot90, repeat, tile, repeat_interleave, pad, tril/triu, diag.
 
 Unlike the views in ember.ops.movement these return new memory, as in PyTorch. This module is
-re-exported by ember.ops.movement and imports it only inside functions (movement imports us).
+re-exported by ember.ops.movement; the views it builds on come from _view, below both.
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ from ember import dtypes as _dt
 from ember.autograd import Function
 from ember.device import META
 from ember.errors import ShapeError, UnsupportedError
-from ember.ops._util import wrap_dim
+from ember.ops._util import acc_dtype, wrap_dim  # noqa: F401  (acc_dtype: re-exported)
+from ember.ops._view import Index, reshape, transpose
 from ember.tensor import Tensor
 
 _LOW = (np.dtype(np.float16), _dt.bfloat16.np)
-
-
-def acc_dtype(dt: np.dtype) -> np.dtype:
-    """The dtype gradients accumulate in (float32 for float16/bfloat16, like torch's opmath)."""
-    return np.dtype(np.float32) if dt in _LOW else dt
 
 
 def diag_view(x: np.ndarray, offset: int, d1: int, d2: int) -> np.ndarray:
@@ -122,8 +118,6 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:
 
 def rot90(input: Tensor, k: int = 1, dims=(0, 1)) -> Tensor:
     """Rotate by 90 degrees k times in the plane of dims (from the first towards the second)."""
-    from ember.ops.movement import transpose
-
     if len(dims) != 2:
         raise ShapeError(f"rot90: expected 2 dims, got {len(dims)}")
     nd = input._data.ndim
@@ -193,8 +187,6 @@ def repeat_interleave(
 
     repeat_interleave(counts) alone gives arange(len(counts)) repeated by counts.
     """
-    from ember.ops.movement import Index, reshape
-
     if repeats is None:
         r = input._data
         if r.ndim > 1 or r.dtype.kind not in "iu":
@@ -440,9 +432,3 @@ __all__ = [
     "flip", "fliplr", "flipud", "roll", "rot90", "repeat_interleave", "tile", "pad", "tril", "triu",
     "diag", "diag_embed",
 ]  # fmt: skip
-METHODS = {
-    "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll, "rot90": rot90,
-    "repeat": repeat,
-    "tile": tile, "repeat_interleave": repeat_interleave, "tril": tril, "triu": triu, "diag": diag,
-    "diag_embed": diag_embed,
-}  # fmt: skip

@@ -13,6 +13,7 @@ import numpy as np
 from ember import dtypes as _dt
 from ember.autograd import Function
 from ember.errors import DTypeError, ShapeError, UnsupportedError
+from ember.ops._adaptive import adaptive_avg_pool1d, adaptive_avg_pool2d
 from ember.ops.conv import _tuple
 from ember.tensor import Tensor
 
@@ -149,8 +150,6 @@ def interpolate(
     if mode == "area":
         if nd == 3:
             raise UnsupportedError("interpolate: mode 'area' supports 1-D and 2-D inputs")
-        from ember.ops.pool import adaptive_avg_pool1d, adaptive_avg_pool2d
-
         return (adaptive_avg_pool1d if nd == 1 else adaptive_avg_pool2d)(input, out)
     if mode in _LINEAR and not input.is_floating_point():
         raise DTypeError(f"interpolate: mode {mode!r} expects a float tensor, got {input.dtype}")

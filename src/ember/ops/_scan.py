@@ -1,6 +1,6 @@
 """Ops along one dim that keep the shape: softmax, log_softmax, cumsum, cumprod.
 
-Re-exported by ember.ops.reduce, whose helpers they share. Softmax is on the hot path of
+Re-exported by ember.ops.reduce; the helpers they share with it live in _reduce_base. Softmax is on the hot path of
 attention, so it works in place on one output buffer: subtract the max, exp, scale.
 """
 
@@ -11,8 +11,8 @@ import numpy as np
 from ember import dtypes as _dt
 from ember.autograd import Function
 from ember.errors import DTypeError
+from ember.ops._reduce_base import _F32, _LOW, _isfloat
 from ember.ops._util import cast, wrap_dim
-from ember.ops.reduce import _F32, _LOW, _isfloat
 from ember.tensor import Tensor
 
 

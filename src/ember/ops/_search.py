@@ -330,7 +330,3 @@ __all__ = [
     "sort", "argsort", "msort", "topk", "kthvalue", "unique", "unique_consecutive", "searchsorted",
     "bucketize", "multinomial",
 ]  # fmt: skip
-METHODS = {
-    "sort": sort, "argsort": argsort, "msort": msort, "topk": topk, "kthvalue": kthvalue,
-    "unique": unique, "unique_consecutive": unique_consecutive, "multinomial": multinomial,
-}  # fmt: skip

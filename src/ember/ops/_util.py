@@ -1,23 +1,33 @@
-"""Small helpers shared by the op modules: argument normalisation and type coercion."""
+"""Small helpers shared by the op modules: argument normalisation, type coercion, casts and
+device moves, and the in-place writes every ``op_`` method ends in."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
+from ember import autograd
 from ember import dtypes as _dt
 from ember.autograd import Function, elementwise_meta, meta_array
-from ember.device import META
-from ember.errors import DTypeError
-from ember.tensor import Tensor
+from ember.device import CPU, META, Device
+from ember.errors import AutogradError, DTypeError, ShapeError
+from ember.tensor import Tensor, _to_array
 
 _pyscalars = (bool, int, float, np.bool_, np.integer, np.floating)
+_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+
+
+def acc_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype gradients accumulate in (float32 for float16/bfloat16, like torch's opmath)."""
+    return np.dtype(np.float32) if dt in _LOW else dt
 
 
 def shape_arg(shape) -> tuple:
     """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(ember.Size) alike."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
-    return tuple(int(s) for s in shape)
+    return tuple(map(int, shape))
 
 
 def wrap_dim(dim: int, ndim: int) -> int:
@@ -73,9 +83,8 @@ def as_tensor_like(x, like: Tensor) -> Tensor:
         return x
     if isinstance(x, _pyscalars):
         return scalar(x, _dt.result_type(x), like)
-    from ember.ops.creation import tensor
-
-    return tensor(x, device=like._device)
+    arr = _to_array(x)
+    return Tensor(arr.copy() if arr is x else arr, device=like._device)
 
 
 def coerce(a, b, floating: bool = False):
@@ -116,3 +125,97 @@ def to_float(x: Tensor) -> Tensor:
     if x._data.dtype.kind in "biu":
         return cast(x, _dt.get_default_dtype())
     return x
+
+
+def to_device(x: Tensor, device: Device) -> Tensor:
+    """x on another device: cpu -> meta keeps shape and dtype; meta -> cpu gives zeros."""
+    shape, dtype = x._data.shape, x._data.dtype
+    if device is META:
+        return Tensor._wrap(meta_array(shape, dtype), META)
+    return Tensor._wrap(np.zeros(shape, dtype), CPU)
+
+
+# ------------------------------------------------------------------ in-place writes
+def assign(self: Tensor, out: Tensor) -> Tensor:
+    """Make ``out`` the new value of self in place (the core of every op_ method).
+
+    Values are written into self's array (views see them); with grad, self is rebound to out's
+    graph node instead, so history stays intact.
+    """
+    if out._ctx is not None:
+        if self._ctx is None and self.requires_grad:
+            raise AutogradError(
+                "a leaf tensor that requires grad is used in an in-place operation; "
+                "wrap it in ember.no_grad() or use the out-of-place op"
+            )
+        # out's node recorded self's old node as its edge, so rebinding keeps history intact
+        self._data = out._data.astype(self._data.dtype, copy=False)
+        self._ctx = out._ctx
+        self._ctx._out_ref = weakref.ref(self)
+        self.requires_grad = True
+        return self
+    if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
+        raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
+    if self._device is META:
+        np.broadcast_shapes(out._data.shape, self._data.shape)
+        return self
+    src = out._data
+    if src.dtype != self._data.dtype:
+        if _dt.from_numpy_dtype(src.dtype).category > self.dtype.category:
+            raise DTypeError(
+                f"result type {out.dtype} can't be cast to the desired output type {self.dtype}"
+            )
+    if np.broadcast_shapes(src.shape, self._data.shape) != self._data.shape:
+        raise ShapeError(
+            f"in-place op: output with shape {self._data.shape} doesn't match the broadcast shape {src.shape}"
+        )
+    if not self._data.flags.writeable:
+        raise AutogradError(
+            "in-place write into a read-only tensor (an expand()ed view or a memory-mapped "
+            "weight); clone() it first"
+        )
+    np.copyto(self._data, src, casting="unsafe")
+    return self
+
+
+def assign_view(self: Tensor, out: Tensor) -> Tensor:
+    """Make the view ``out`` the new self (t_, transpose_, squeeze_, ...): self takes its array."""
+    if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
+        raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
+    self._data = out._data
+    if out._ctx is not None:
+        self._ctx = out._ctx
+        self._ctx._out_ref = weakref.ref(self)
+    return self
+
+
+def fill_(self: Tensor, value) -> Tensor:
+    """Fill with a value in place."""
+    if self.requires_grad and self._ctx is None and autograd.is_grad_enabled():
+        raise AutogradError("a leaf tensor that requires grad is used in an in-place operation")
+    if self._device is not META:
+        self._data[...] = value._data if isinstance(value, Tensor) else value
+    return self
+
+
+def zero_(self: Tensor) -> Tensor:
+    """Fill with zeros in place."""
+    return fill_(self, 0)
+
+
+class _Identity(Function):
+    def forward(self, x):
+        return x
+
+    def backward(self, g):
+        return g
+
+
+def copy_(self: Tensor, src, non_blocking: bool = False) -> Tensor:
+    """Copy src's values (broadcast and cast to self) into self."""
+    if not isinstance(src, Tensor):
+        src = Tensor(np.array(_to_array(src)))
+    src = cast(src, self.dtype)
+    if src._device is not self._device:
+        src = to_device(src, self._device)
+    return assign(self, _Identity.apply(src) if src.requires_grad else src)

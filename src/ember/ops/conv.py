@@ -511,4 +511,3 @@ def conv_transpose2d(
 
 
 __all__ = ["conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d"]
-METHODS: dict = {}

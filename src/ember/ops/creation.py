@@ -9,44 +9,7 @@ from ember.autograd import meta_array
 from ember.device import META, as_device
 from ember.errors import DTypeError, ShapeError
 from ember.ops._util import shape_arg
-from ember.tensor import Tensor
-
-
-def _to_array(data, dtype=None) -> np.ndarray:
-    """Convert Python data / numpy arrays / tensors to an array with torch's default dtypes."""
-    dt = None if dtype is None else _dt.get_dtype(dtype)
-    if isinstance(data, Tensor):
-        arr = data._data
-    elif isinstance(data, np.ndarray):
-        arr = data
-    else:
-        if type(data).__module__.startswith("torch"):
-            arr = data.detach().cpu()
-            arr = arr.float().numpy() if str(arr.dtype) == "torch.bfloat16" else arr.numpy()
-            if dt is None and str(data.dtype) == "torch.bfloat16":
-                dt = _dt.bfloat16
-        else:
-            if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
-                data = [x._data if isinstance(x, Tensor) else x for x in data]
-            try:
-                arr = np.asarray(data)
-            except ValueError as e:
-                raise ShapeError(f"cannot build a tensor from ragged data: {e}") from None
-            if dt is None:
-                kind = arr.dtype.kind
-                if kind == "f":
-                    dt = _dt.get_default_dtype()
-                elif kind in "iu":
-                    dt = _dt.int64
-                elif kind == "O":
-                    raise DTypeError("cannot build a tensor from objects of mixed or unknown type")
-    if arr.dtype.kind in "USO":
-        raise DTypeError(f"cannot build a tensor from {arr.dtype} data")
-    if dt is not None and arr.dtype != dt.np:
-        arr = arr.astype(dt.np)
-    elif dt is None:
-        _dt.from_numpy_dtype(arr.dtype)
-    return arr
+from ember.tensor import Tensor, _to_array
 
 
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

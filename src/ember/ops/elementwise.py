@@ -772,18 +772,3 @@ __all__ = [
     and not isinstance(v, type)
     and n not in ("nondiff",)
 ]
-
-_NOT_METHODS = {"where", "allclose", "equal", "atan2", "arctan2"}
-METHODS = {n: globals()[n] for n in __all__ if n not in _NOT_METHODS}
-METHODS.update(
-    allclose=allclose,
-    equal=equal,
-    atan2=atan2,
-    arctan2=atan2,
-    where=lambda self, condition, other: where(condition, self, other),
-    clamp_min=lambda self, min: clamp(self, min=min),
-    clamp_max=lambda self, max: clamp(self, max=max),
-    clip=clamp,
-    absolute=abs,
-    negative=neg,
-)

@@ -21,10 +21,14 @@ from ember.device import META
 from ember.errors import DeviceError, DTypeError, ShapeError, UnsupportedError
 from ember.ops import _gather, _search
 from ember.ops._gather import *  # noqa: F403  (re-exported)
-from ember.ops._gather import embedding  # noqa: F401  (F.embedding; not ember.embedding)
+from ember.ops._gather import (
+    _bounds,
+    _int_index,
+    embedding,  # noqa: F401  (F.embedding; not ember.embedding)
+)
 from ember.ops._search import *  # noqa: F403  (re-exported)
 from ember.ops._util import as_tensor_like, cast
-from ember.ops.movement import Index, expand, inplace, reshape
+from ember.ops._view import Index, expand, reshape
 from ember.tensor import Tensor
 
 _INTS = (int, np.integer)
@@ -494,18 +498,23 @@ def argwhere(input: Tensor) -> Tensor:
     return nonzero(input)
 
 
+def put(input: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> Tensor:
+    """A copy of input (viewed as 1-d) with source written (or added) at index."""
+    idx = _int_index(index, "put", input)
+    if idx.size != source._data.size:
+        raise ShapeError(
+            f"put: index ({idx.size} elements) and source ({source._data.size}) "
+            "must have the same size"
+        )
+    flat = reshape(input.clone(), -1)
+    n = flat._data.shape[0]
+    _bounds(idx.reshape(-1), n, 0, "put", input)
+    at = (Tensor._wrap(idx.reshape(-1), input._device),)
+    out = index_put(flat, at, reshape(source, -1), accumulate)
+    return reshape(out, input.shape)
+
+
 __all__ = [
-    "index_put", "masked_fill", "masked_select", "masked_scatter", "nonzero", "argwhere",
+    "index_put", "masked_fill", "masked_select", "masked_scatter", "nonzero", "argwhere", "put",
     *_gather.__all__, *_search.__all__,
 ]  # fmt: skip
-
-METHODS = {
-    n: globals()[n]
-    for n in ["index_put", "index_put_", "masked_fill", "masked_select", "masked_scatter",
-              "nonzero", "argwhere"]
-}  # fmt: skip
-METHODS.update(_gather.METHODS)
-METHODS.update(_search.METHODS)
-METHODS.update({n + "_": inplace(METHODS[n]) for n in
-                ["masked_fill", "masked_scatter", "scatter", "scatter_add", "scatter_reduce",
-                 "index_fill", "index_add", "index_copy", "put"]})  # fmt: skip

@@ -573,9 +573,3 @@ __all__ = [
     "matmul", "mm", "bmm", "mv", "dot", "vdot", "outer", "ger", "addmm", "addmv", "baddbmm",
     "addbmm", "linear", "bilinear", "einsum", "tensordot", "cross", "det", "inverse", "slogdet",
 ]  # fmt: skip
-
-METHODS = {
-    n: globals()[n]
-    for n in ["matmul", "mm", "bmm", "mv", "dot", "vdot", "outer", "ger", "addmm", "addmv",
-              "baddbmm", "addbmm", "cross", "det", "inverse", "slogdet"]
-}  # fmt: skip

@@ -200,7 +200,3 @@ __all__ = [
     "set_rng_state", "rand", "randn", "randint", "randperm", "rand_like", "randn_like",
     "randint_like", "normal", "bernoulli",
 ]  # fmt: skip
-METHODS = {
-    "normal_": normal_, "uniform_": uniform_, "bernoulli_": bernoulli_,
-    "exponential_": exponential_, "random_": random_, "bernoulli": bernoulli,
-}  # fmt: skip
