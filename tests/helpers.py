@@ -2,10 +2,17 @@
 
 check(ember.exp, torch.exp, [(3, 4)])                       # one line per op
 check(lambda a, b: a + b, None, [(3, 1), (4,)])              # same lambda for both
+check(lambda a, b: a * b, None, [(3, 4), (4,)], dtypes=LOW, reduce=3)  # see low_tol
 gradcheck(ember.exp, [(3, 4)])                               # finite differences, float64
+
+float16 and bfloat16 are never compared with torch's own float16/bfloat16 output, which
+depends on the CPU (oneDNN/AVX-512 paths accumulate differently): the reference is torch in
+float64 on the same (upcast) values, rounded to the dtype, and the tolerance is ``low_tol``.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -17,11 +24,28 @@ TORCH_DT = {
     ember.bfloat16: torch.bfloat16, ember.int64: torch.int64, ember.int32: torch.int32,
     ember.int16: torch.int16, ember.int8: torch.int8, ember.uint8: torch.uint8, ember.bool: torch.bool,
 }  # fmt: skip
-TOL = {
-    ember.float64: (1e-10, 1e-10), ember.float32: (1e-5, 1e-5), ember.float16: (2e-3, 2e-3),
-    ember.bfloat16: (2e-2, 2e-2),
-}  # fmt: skip
+TOL = {ember.float64: (1e-10, 1e-10), ember.float32: (1e-5, 1e-5)}  # float16/bfloat16: low_tol
 FLOATS = (ember.float32, ember.float64)
+LOW = (ember.float16, ember.bfloat16)
+EPS = {ember.float16: 2.0**-10, ember.bfloat16: 2.0**-7}  # machine epsilon: 1 ulp at 1.0
+
+
+def low_tol(dtype, reduce: int = 1) -> tuple[float, float]:
+    """(atol, rtol) for a float16/bfloat16 result against the float64 reference rounded to it.
+
+    An op that accumulates in float32 (or better) and rounds once to the dtype is within one
+    ulp of ``ref = round(exact)`` (its float32 error, ~2**-24 per term, is far below an ulp):
+    ``ulp(r) <= eps * |r|``, so ``rtol = 2 * eps`` with one ulp to spare. ``reduce`` counts the
+    values already rounded to the dtype that are summed into one output, forward or backward:
+    1 for a fused op (matmul, conv, norms), n for a sum over n rounded products (a lambda of
+    several ops, the grad of a broadcast input). Their rounding errors (each <= eps/2 of a
+    term; terms are O(1): check draws inputs from [-2, 2]) add up like a random walk, which may
+    cancel to near zero: ``atol = 2 * eps * sqrt(reduce)``. Accumulating a length-k sum in the
+    dtype itself (k roundings of partial sums ~sqrt(j) terms big) errs by ~eps * k / 3 terms
+    and fails: 16-48 eps on the conv tests (k = 18-144), where a correct one is within an ulp.
+    """
+    e = EPS[dtype]
+    return 2 * e * math.sqrt(max(reduce, 1)), 2 * e
 
 
 def rand_array(shape, dtype, rng, low=-2.0, high=2.0, positive=False) -> np.ndarray:
@@ -62,12 +86,18 @@ def from_torch(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def assert_close(e, t, dtype, what="", atol=None, rtol=None) -> None:
-    """Compare an ember result with a torch result: shape, dtype and values."""
+def assert_close(e, t, dtype, what="", atol=None, rtol=None, reduce: int = 1) -> None:
+    """Compare an ember result with a reference: shape, dtype and values.
+
+    Default tolerance: ``TOL`` for float32/float64 results, ``low_tol(dtype, reduce)`` for
+    float16/bfloat16 ones (then ``t`` must be a float64 reference rounded to the dtype, as
+    ``check`` makes it, never torch's own low-precision output). Explicit ``atol``/``rtol``
+    replace TOL; for float16/bfloat16 they only loosen ``low_tol``.
+    """
     if isinstance(t, (tuple, list)):
         assert isinstance(e, (tuple, list)) and len(e) == len(t), f"{what}: {type(e)} vs {type(t)}"
         for i, (ee, tt) in enumerate(zip(e, t)):
-            assert_close(ee, tt, dtype, f"{what}[{i}]", atol, rtol)
+            assert_close(ee, tt, dtype, f"{what}[{i}]", atol, rtol, reduce)
         return
     if not isinstance(t, torch.Tensor):
         assert e == t or np.allclose(e, t), f"{what}: {e} vs {t}"
@@ -79,12 +109,35 @@ def assert_close(e, t, dtype, what="", atol=None, rtol=None) -> None:
     assert str(e.dtype).split(".")[1] == str(t.dtype).split(".")[1], (
         f"{what}: dtype {e.dtype} vs {t.dtype}"
     )
+    if e.dtype in LOW:
+        a0, r0 = low_tol(e.dtype, reduce)
+        atol, rtol = max(atol or 0, a0), max(rtol or 0, r0)
     a0, r0 = TOL.get(e.dtype, (0, 0))
     ea = e.detach().numpy().astype(np.float64) if e.dtype is ember.bfloat16 else e.detach().numpy()
     ta = from_torch(t)
     ta = ta.astype(np.float64) if ta.dtype == ember.bfloat16.np else ta
     np.testing.assert_allclose(ea, ta, atol=atol if atol is not None else a0, rtol=rtol if rtol is not None else r0,
                                err_msg=what, equal_nan=True)  # fmt: skip
+
+
+def to_float64(a):
+    """A float16/bfloat16 array as a float64 torch tensor of the same values (others as to_torch)."""
+    if isinstance(a, np.ndarray) and a.dtype in (np.float16, ember.bfloat16.np):
+        return torch.from_numpy(np.array(a, np.float64, order="C"))
+    return to_torch(a) if isinstance(a, np.ndarray) else a
+
+
+def round_like(ref, like):
+    """A float64 reference rounded to the dtypes of ``like`` (torch's output in the test dtype).
+
+    Floating outputs are rounded (round-to-nearest-even) to like's dtype; integer and bool
+    outputs (indices, comparisons: exact on the dtype's values) and non-tensors are like's own.
+    """
+    if isinstance(like, (tuple, list)):
+        return [round_like(r, k) for r, k in zip(ref, like)]
+    if isinstance(like, torch.Tensor) and like.dtype.is_floating_point:
+        return ref.detach().to(like.dtype)
+    return like
 
 
 def check(
@@ -101,12 +154,17 @@ def check(
     meta: bool = True,
     contig_variants: bool = True,
     seed: int = 0,
+    reduce: int = 1,
 ) -> None:
     """Run efn on ember tensors and tfn (default: efn) on torch tensors made from the same data.
 
     shapes: list of input shapes (a non-tuple item is passed to both as is, e.g. a scalar).
     Checks forward values/shape/dtype for each dtype, backward grads for float dtypes, the same on
     non-contiguous inputs, and that the meta device gives the same output shape and dtype.
+    float16/bfloat16: the reference is tfn in float64 on the same values, rounded to the dtype
+    (shapes, dtypes and integer outputs from tfn in the dtype itself), within
+    ``low_tol(dtype, reduce)``: ``reduce`` counts the dtype-rounded values summed into one
+    output, forward or backward (1 for a single fused op).
     """
     tfn = tfn or efn
     rng = np.random.default_rng(seed)
@@ -121,17 +179,24 @@ def check(
         for k, arrays in enumerate(variants):
             tag = f"{getattr(efn, '__name__', 'op')} {dt} {'noncontig' if k else 'contig'} shapes={shapes}"
             want_grad = grad and dt.is_floating_point
+            lowp = dt in LOW
+            to_ref = to_float64 if lowp else to_torch
             e_in = [
                 ember.from_numpy(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a
                 for a in arrays
             ]
             t_in = [
-                to_torch(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a
+                to_ref(a).requires_grad_(want_grad) if isinstance(a, np.ndarray) else a
                 for a in arrays
             ]
             t_out = tfn(*t_in)
+            t_want = t_out
+            if lowp:  # torch in the dtype itself gives only dtypes, shapes and integer outputs
+                with torch.no_grad():
+                    like = tfn(*[to_torch(a) if isinstance(a, np.ndarray) else a for a in arrays])
+                t_want = round_like(t_out, like)
             e_out = efn(*e_in)
-            assert_close(e_out, t_out, dt, tag + " forward", atol, rtol)
+            assert_close(e_out, t_want, dt, tag + " forward", atol, rtol, reduce)
             if want_grad:
                 outs_t = t_out if isinstance(t_out, (tuple, list)) else [t_out]
                 outs_e = e_out if isinstance(e_out, (tuple, list)) else [e_out]
@@ -139,7 +204,7 @@ def check(
                 for ot, oe in zip(outs_t, outs_e):
                     if isinstance(ot, torch.Tensor) and ot.requires_grad:
                         w = rand_array(tuple(ot.shape), dt, rng)
-                        loss_t = loss_t + (ot * to_torch(w)).sum()
+                        loss_t = loss_t + (ot * to_ref(w)).sum()
                         loss_e = loss_e + (oe * ember.from_numpy(w)).sum()
                 if isinstance(loss_t, torch.Tensor):
                     loss_t.backward()
@@ -152,7 +217,8 @@ def check(
                                 )
                             else:
                                 assert a.grad is not None, f"{tag}: missing grad for input {i}"
-                                assert_close(a.grad, b.grad, dt, f"{tag} grad[{i}]", atol, rtol)
+                                bg = b.grad.to(TORCH_DT[dt]) if lowp else b.grad
+                                assert_close(a.grad, bg, dt, f"{tag} grad[{i}]", atol, rtol, reduce)
             if meta and k == 0:
                 m_in = [x.detach().to("meta") if isinstance(x, ember.Tensor) else x for x in e_in]
                 m_out = efn(*m_in)
