@@ -5,7 +5,7 @@ state_dict loads as is (``model.encoder.conv1``, ``model.encoder.layers.N.self_a
 ``model.decoder.layers.N.encoder_attn.k_proj``, ``proj_out`` tied to the token embedding).
 
 Decoding uses two caches: the decoder's self-attention keys/values grow one position per step
-(``ember.generation.cache.KVCache``), and each layer's cross-attention keys/values are
+(``ember.nn.KVCache``), and each layer's cross-attention keys/values are
 projected from the encoder output once per audio window (``cross_kv``).
 """
 
@@ -21,7 +21,6 @@ import numpy as np
 import ember
 from ember import nn
 from ember.errors import FormatError, ShapeError
-from ember.generation.cache import KVCache
 from ember.nn import functional as F
 from ember.tensor import Tensor
 
@@ -93,7 +92,7 @@ class WhisperAttention(nn.Module):
         self,
         x: Tensor,
         kv: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
+        cache: nn.KVCache | None = None,
         layer_idx: int = 0,
         mask: Tensor | None = None,
     ) -> Tensor:
@@ -197,7 +196,7 @@ class WhisperDecoder(nn.Module):
         )
         self.layer_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: Tensor, cross: list, cache: KVCache | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, cross: list, cache: nn.KVCache | None = None) -> Tensor:
         """(batch, t) ids -> (batch, t, d_model) hidden states; past positions come from cache."""
         b, t = input_ids.shape
         past = cache.pos if cache is not None else 0
@@ -257,14 +256,14 @@ class WhisperForConditionalGeneration(nn.Module):
                 for layer in self.model.decoder.layers
             ]
 
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> nn.KVCache:
         """An empty self-attention cache for the decoder."""
         cfg = self.config
         hd = cfg.d_model // cfg.decoder_attention_heads
         n = max_len or cfg.max_target_positions
-        return KVCache(cfg.decoder_layers, batch, cfg.decoder_attention_heads, n, hd)
+        return nn.KVCache(cfg.decoder_layers, batch, cfg.decoder_attention_heads, n, hd)
 
-    def decode(self, input_ids, cross: list, cache: KVCache | None = None) -> Tensor:
+    def decode(self, input_ids, cross: list, cache: nn.KVCache | None = None) -> Tensor:
         """Logits (batch, t, vocab) for new tokens, given the cross keys/values and the cache."""
         ids = input_ids if isinstance(input_ids, Tensor) else ember.tensor(np.asarray(input_ids))
         if ids.ndim == 1:
