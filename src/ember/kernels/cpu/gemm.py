@@ -28,9 +28,15 @@ The microkernels are registered as symbols that a numba driver (``_driver_py``) 
 driver splits the output into tasks (blocks of pixels or groups of panels) over numba's threads
 and blocks K so that the panel rows in use stay in L1 (see its docstring).
 
-Every entry point has a numpy reference (``gemm_reference``) that tests compare against and that
-serves where llvmlite/numba or AVX2+FMA are missing (EMBER_NO_NUMBA=1). EMBER_SGEMM_ISA=avx2
-runs the AVX2 family on an AVX-512 machine (the tests check it), =none the numpy fallback.
+Behind ops: a weight packed once is a ``PackedWeight`` (an ndarray with the weight's values that
+carries its panels; ember.inference.pack makes them), and the ops pick the GEMM by that weight
+type: ``linear_packed`` here is the ``linear`` op's kernel, kernels.cpu.conv has those of
+``conv2d`` and ``fused_conv2d`` (the implicit GEMM over NHWC input).
+
+Every entry point has a numpy reference (``gemm_reference``, ``linear_reference``) that tests
+compare against; where llvmlite/numba or AVX2+FMA are missing (EMBER_NO_NUMBA=1) nothing is
+packed and the ops' numpy forwards run. EMBER_SGEMM_ISA=avx2 runs the AVX2 family on an AVX-512
+machine (the tests check it), =none the numpy path.
 """
 
 from __future__ import annotations
