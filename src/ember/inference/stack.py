@@ -34,6 +34,7 @@ from ember.device import CPU
 from ember.nn import functional as F
 from ember.quant import QTensor
 from ember.quant.nn import QLinear
+from ember.tensor import Tensor
 
 # sibling names that read one input, in the order a forward calls them
 GROUPS: tuple[tuple[str, ...], ...] = (
@@ -146,7 +147,8 @@ class _Stack:
             self.enabled = False
             return _own(lin, x)
         y = F.linear(x, self.w, self.b)
-        outs = [y[..., a:b] for a, b in self.spans]
+        yd, dev = y._data, y._device  # slices as plain views: no graph is recorded here
+        outs = [Tensor._wrap(yd[..., a:b], dev) for a, b in self.spans]
         self.x, self.outs, self.left = x, [None, *outs[1:]], len(outs) - 1
         return outs[0]
 
