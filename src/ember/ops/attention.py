@@ -66,11 +66,15 @@ class VarlenAttn(Function):
                 self.ps.append(None)
                 continue
             qb = qf[q0:q1].transpose(1, 0, 2)  # (Hq, Lq, D)
-            kb = np.repeat(kf[k0:k1], rep, axis=1).transpose(1, 0, 2) if rep > 1 else (
-                kf[k0:k1].transpose(1, 0, 2)
+            kb = (
+                np.repeat(kf[k0:k1], rep, axis=1).transpose(1, 0, 2)
+                if rep > 1
+                else (kf[k0:k1].transpose(1, 0, 2))
             )
-            vb = np.repeat(vf[k0:k1], rep, axis=1).transpose(1, 0, 2) if rep > 1 else (
-                vf[k0:k1].transpose(1, 0, 2)
+            vb = (
+                np.repeat(vf[k0:k1], rep, axis=1).transpose(1, 0, 2)
+                if rep > 1
+                else (vf[k0:k1].transpose(1, 0, 2))
             )
             s = np.matmul(qb, kb.transpose(0, 2, 1)) * scale  # (Hq, Lq, Lk)
             ok = _allowed(q1 - q0, k1 - k0, window)
@@ -115,8 +119,7 @@ class VarlenAttn(Function):
             dv[k0:k1] += dvb.transpose(1, 0, 2)
         ins = self.in_meta
         return tuple(
-            d.astype(m[1], copy=False) if n else None
-            for d, n, m in zip((dq, dk, dv), need, ins)
+            d.astype(m[1], copy=False) if n else None for d, n, m in zip((dq, dk, dv), need, ins)
         )
 
 
