@@ -39,6 +39,8 @@ def _kernel(parallel: bool):
         from ember.kernels.cpu import numba_or_none
 
         nb = numba_or_none()
+        if nb is None or vecmath.symbols() is None:  # the row kernel's symbol must be registered
+            raise RuntimeError("gelu kernel called without numba or vecmath (see available)")
         i8 = nb.types.int64
         g = globals()
         g["prange"] = nb.prange
