@@ -317,8 +317,10 @@ class QuantKernels:
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=F32)
-        out = self.run_matmul_t(w3, x2)
+        if x.size == k:  # decode: one row, the matrix-vector kernel straight away
+            out = self.run_matvec(w3, np.ascontiguousarray(x.reshape(k), dtype=F32))
+        else:
+            out = self.run_matmul_t(w3, np.ascontiguousarray(x.reshape(-1, k), dtype=F32))
         if b is not None:
             out += b
         return out.reshape(lead + (n,))
