@@ -151,6 +151,7 @@ def atleast_2d(*tensors):
 
 def atleast_3d(*tensors):
     """Each tensor viewed with at least 3 dims: (n,) -> (1, n, 1), (m, n) -> (m, n, 1)."""
+
     def f(x):
         s = x._data.shape
         return (
