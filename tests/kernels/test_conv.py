@@ -138,6 +138,9 @@ def test_max_pool_nhwc_matches_reference():
         kw = dict(k=(kk, kk), s=(s, s), p=(p, p), d=(1, 1), out=(oh, ow), nd=2, batched=True,
                   track=False)  # fmt: skip
         cases.append(((x,), kw))
+    hostile = _r(1, 4, 6, 6)
+    hostile[0, 1, 2, 3], hostile[0, 2, 0, 0], hostile[0, 3, 4, 4] = np.nan, np.inf, -np.inf
+    cases.append(((_cl(hostile),), dict(cases[-1][1])))  # NaN wins its windows, as in torch
     check_kernel(k, cases=cases)
     plain = _r(1, 8, 9, 9)  # NCHW data keeps the op's own path
     assert not k.applies([plain], cases[0][1])

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from ember.kernels.cpu import gemm as G
-from ember.kernels.cpu import have_numba, numba_or_none
+from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
 from ember.kernels.registry import register
 
 ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2}
@@ -93,7 +93,8 @@ def maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
 
 # ------------------------------------------------------------------ numba kernels
 def _build_nhwc(nb):
-    opts = dict(nogil=True, cache=True, fastmath=True)
+    # no "nnan"/"ninf" fast-math: NaN must win max pooling and pass through ReLU, as in torch
+    opts = dict(nogil=True, cache=True, fastmath=set(FASTMATH))
 
     @nb.njit(**opts)
     def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow):  # pragma: no cover - compiled
@@ -179,7 +180,9 @@ def _build_nhwc(nb):
                             continue
                         src = x[b, ih, iw]
                         for t in range(c):
-                            acc[t] = max(acc[t], src[t])
+                            v = src[t]
+                            if v > acc[t] or v != v:  # NaN wins, as in torch
+                                acc[t] = v
         return out
 
     @nb.njit(parallel=True, **opts)
