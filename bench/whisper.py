@@ -96,7 +96,11 @@ def main() -> None:
     import transformers
     from transformers import WhisperFeatureExtractor
 
-    from ember.models.whisper import load_wav, load_whisper, log_mel_spectrogram, transcribe
+    try:  # the transcription loop moved to ember.generation.whisper
+        from ember.generation.whisper import load_whisper, transcribe
+    except ImportError:  # an older ember tree (bench before/after runs)
+        from ember.models.whisper import load_whisper, transcribe
+    from ember.models.whisper import load_wav, log_mel_spectrogram
 
     transformers.logging.set_verbosity_error()
     from _common import set_threads

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 _threads: int | None = None
 _limiter = None
+_blas_libs: list | None = None
 
 
 def set_num_threads(n: int) -> None:
@@ -35,3 +37,25 @@ def apply_numba_threads() -> None:
 def get_num_threads() -> int:
     """Threads ember's kernels use."""
     return _threads or os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def blas_single_thread():
+    """numpy's BLAS on one thread inside the block (when ember's own threads, or none, should run)."""
+    global _blas_libs
+    if _blas_libs is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        except Exception:  # noqa: BLE001 - no threadpoolctl/BLAS info: leave BLAS alone
+            _blas_libs = []
+    libs = [c for c in _blas_libs if c.get_num_threads() != 1]
+    saved = [c.get_num_threads() for c in libs]
+    for c in libs:
+        c.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for c, n in zip(libs, saved):
+            c.set_num_threads(n)

@@ -31,7 +31,8 @@ def _stamp(t: float) -> str:
 def run(args) -> int:
     """Transcribe and print the text (or timestamped segments)."""
     import ember
-    from ember.models.whisper import load_audio, load_whisper, transcribe
+    from ember.generation.whisper import load_whisper, transcribe
+    from ember.models.whisper import load_audio
 
     if args.threads:
         ember.set_num_threads(args.threads)

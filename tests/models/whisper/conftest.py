@@ -13,7 +13,7 @@ CLIP_TEXT = "Hello world, this is a test of the ember speech recognizer."
 @pytest.fixture(scope="session")
 def whisper():
     """(model, tokenizer) of the bundled tiny.en."""
-    from ember.models.whisper import load_whisper
+    from ember.generation.whisper import load_whisper
 
     return load_whisper()
 

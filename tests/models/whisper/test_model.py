@@ -10,7 +10,7 @@ from transformers import WhisperForConditionalGeneration as HFWhisper
 
 import ember
 from ember.models.whisper import WhisperConfig, WhisperForConditionalGeneration, log_mel_spectrogram
-from ember.models.whisper.decoding import _single_thread_blas
+from ember.threads import blas_single_thread
 
 TINY_EN = dict(
     vocab_size=51864,
@@ -90,7 +90,7 @@ def test_kv_cache_steps_equal_the_full_pass(pair, encoded):
     cross = model.cross_kv(encoded[0])
     full = model.decode(np.array([IDS]), cross).numpy()
     cache = model.new_cache(1, 32)
-    with _single_thread_blas():  # as decoding runs its steps
+    with blas_single_thread():  # as decoding runs its steps
         steps = [model.decode(np.array([IDS[:3]]), cross, cache).numpy()]
         for t in IDS[3:]:
             steps.append(model.decode(np.array([[t]]), cross, cache).numpy())
@@ -178,7 +178,7 @@ def test_input_checks(whisper):
 
 
 def test_language_detection_on_a_random_multilingual_model():
-    from ember.models.whisper.decoding import SpecialTokens, detect_language, encode_window
+    from ember.generation.whisper import SpecialTokens, detect_language, encode_window
 
     class Tok:  # multilingual vocabulary layout: <|endoftext|> 50257, languages from 50259
         ids = {"<|endoftext|>": 50257, "<|startoftranscript|>": 50258, "<|en|>": 50259,

@@ -7,14 +7,16 @@ import pytest
 
 from ember.cli.main import main
 from ember.errors import UnsupportedError
-from ember.models.whisper import DecodingOptions, log_mel_spectrogram, transcribe
-from ember.models.whisper.audio import resample
-from ember.models.whisper.decoding import (
+from ember.generation.whisper import (
+    DecodingOptions,
     SpecialTokens,
     compression_ratio,
     decode_tokens,
     encode_window,
+    transcribe,
 )
+from ember.models.whisper import log_mel_spectrogram
+from ember.models.whisper.audio import resample
 
 from .conftest import CLIP, CLIP_TEXT, words
 from .test_audio import write_wav

@@ -27,8 +27,8 @@ import threading
 
 import numpy as np
 
-from ember.kernels.cpu import gemm as G
 from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
+from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
 
 ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2}

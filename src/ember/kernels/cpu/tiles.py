@@ -9,15 +9,15 @@ they would take the core the next tile needs.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
+from ember.threads import blas_single_thread
+
 _pool = None
-_blas_libs: list | None = None
 _local = threading.local()
 
 
@@ -40,28 +40,6 @@ def _executor(helpers: int):
 
         _pool = ThreadPoolExecutor(max(1, helpers), thread_name_prefix="ember-tiles")
     return _pool
-
-
-@contextlib.contextmanager
-def blas_single_thread():
-    """numpy's BLAS on one thread inside the block (the tiles supply the parallelism)."""
-    global _blas_libs
-    if _blas_libs is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _blas_libs = ThreadpoolController().select(user_api="blas").lib_controllers
-        except Exception:  # noqa: BLE001 - no threadpoolctl/BLAS info: leave BLAS alone
-            _blas_libs = []
-    libs = [c for c in _blas_libs if c.get_num_threads() != 1]
-    saved = [c.get_num_threads() for c in libs]
-    for c in libs:
-        c.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for c, n in zip(libs, saved):
-            c.set_num_threads(n)
 
 
 def run_tiles(fn: Callable[[int], None], ntiles: int, threads: int | None = None) -> None:

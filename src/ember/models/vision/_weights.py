@@ -17,7 +17,7 @@ _FOLDER_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.p
 
 def _as_array(name: str, value) -> np.ndarray:
     if isinstance(value, Tensor):
-        return value._data
+        return value.detach().numpy()
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor a caller passed in
@@ -82,8 +82,8 @@ def apply_weights(model, sd: Mapping, rename: Callable[[str], str] | None = None
         k = rename(k) if rename else k
         arr = np.asarray(v)
         target = own.get(k)
-        if target is not None and arr.dtype != target._data.dtype and arr.dtype.kind == "f":
-            arr = arr.astype(target._data.dtype)
+        if target is not None and arr.dtype != target.dtype.np and arr.dtype.kind == "f":
+            arr = arr.astype(target.dtype.np)
         fixed[k] = arr
     # torch checkpoints older than BatchNorm's num_batches_tracked lack it: not an error
     for k in own:

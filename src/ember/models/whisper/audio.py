@@ -15,7 +15,7 @@ import wave
 import numpy as np
 
 from ember.errors import FormatError, UnsupportedError
-from ember.kernels.cpu.tiles import blas_single_thread
+from ember.threads import blas_single_thread
 
 SAMPLE_RATE = 16000
 N_FFT = 400

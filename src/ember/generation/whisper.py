@@ -1,4 +1,4 @@
-"""Whisper decoding: the special-token prompt, greedy/temperature sampling, timestamps, long audio.
+"""Whisper transcription (a generation loop over ember.models.whisper): the special-token prompt, greedy/temperature sampling, timestamps, long audio.
 
 The prompt is ``<|startoftranscript|>`` then, for multilingual models, the language and task
 tokens, then ``<|notimestamps|>`` unless timestamps are requested (tiny.en:
@@ -10,13 +10,15 @@ suppressed tokens, a blank/EOT ban on the first step, and the timestamp pairing 
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 import numpy as np
 
-from ember.errors import UnsupportedError
+from ember.errors import FormatError, UnsupportedError
 from ember.generation.sampling import Sampler, SamplingParams
 from ember.models.whisper.audio import (
     HOP_LENGTH,
@@ -25,6 +27,7 @@ from ember.models.whisper.audio import (
     SAMPLE_RATE,
     log_mel_spectrogram,
 )
+from ember.threads import blas_single_thread
 
 LANGUAGES = (
     "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th "
@@ -164,13 +167,6 @@ def _timestamp_rules(
         logits[:tb] = -np.inf
 
 
-def _single_thread_blas():
-    """A context that limits BLAS to one thread (numpy's matrix-vector calls stay on this core)."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 def encode_window(model, mel: np.ndarray) -> list:
     """The cross-attention keys/values of one (n_mels, frames) window (encoder run once)."""
     return model.cross_kv(model.encode(mel[None]))
@@ -205,7 +201,7 @@ def decode_tokens(
     gen: list[int] = []
     total_lp = 0.0
     ids = prompt
-    with _single_thread_blas():  # one-row products: threads only add sync cost
+    with blas_single_thread():  # one-row products: threads only add sync cost
         for _ in range(limit):
             logits = model.decode(np.array([ids]), cross, cache).numpy()[0, -1].astype(np.float32)
             logits[suppress] = -np.inf
@@ -339,3 +335,17 @@ __all__ = [
     "decode_tokens", "detect_language",
     "transcribe", "compression_ratio", "N_FRAMES",
 ]  # fmt: skip
+
+
+def load_whisper(path: str | os.PathLike | None = None):
+    """(model, tokenizer) from a CTranslate2 or HF Whisper folder (default: bundled tiny.en)."""
+    from ember.generation.tokenizer import Tokenizer
+    from ember.models.whisper import WhisperForConditionalGeneration, default_model_dir
+
+    d = Path(path) if path is not None else default_model_dir()
+    folder = d if d.is_dir() else d.parent
+    if not (folder / "tokenizer.json").is_file():
+        raise FormatError(f"{folder}: no tokenizer.json next to the Whisper weights")
+    return WhisperForConditionalGeneration.from_pretrained(d), Tokenizer.from_file(
+        folder / "tokenizer.json"
+    )
