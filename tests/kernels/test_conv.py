@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ember.errors import ShapeError
 from ember.kernels import registry
 from ember.kernels.cpu import conv as K
 from ember.kernels.cpu.gemm import PackedWeight
@@ -144,3 +145,56 @@ def test_max_pool_nhwc_matches_reference():
     check_kernel(k, cases=cases)
     plain = _r(1, 8, 9, 9)  # NCHW data keeps the op's own path
     assert not k.applies([plain], cases[0][1])
+
+
+CONV1D_CASES = [  # n, cin, cout, k, stride, pad, length
+    (1, 80, 40, 3, 1, 1, 37),  # Whisper's conv1 (fewer frames), a partial panel
+    (2, 24, 17, 3, 2, 1, 30),  # its conv2: strided
+    (1, 64, 16, 1, 1, 0, 9),  # 1 tap, no padding
+    (3, 13, 33, 5, 3, 2, 11),  # odd sizes, partial last window
+    (0, 64, 8, 3, 1, 1, 6),  # empty batch
+]
+
+
+def test_conv1d_gemm_matches_reference():
+    import torch
+
+    k = _kernel("conv2d", "conv1d_gemm")
+    cases = []
+    for n, c, o, kk, s, p, length in CONV1D_CASES:
+        x, w, b = _r(n, c, length), _r(o, c, kk), _r(o)
+        geom = Geom((1, s), (1, 1), (0, 0, p, p), 1, 1, True)
+        x_cl = np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1)
+        cases += [((x, w, b), dict(geom=geom)), ((x_cl, w), dict(geom=geom))]
+        want = torch.nn.functional.conv1d(*map(torch.from_numpy, (x, w, b)), stride=s, padding=p)
+        np.testing.assert_allclose(k.fn(x, w, b, geom=geom), want.numpy(), rtol=1e-4, atol=1e-4)
+    x, w = _r(24, 10), _r(7, 24, 3)  # unbatched (C, L)
+    x[3, 4] = np.nan
+    cases.append(((x, w, _r(7)), dict(geom=Geom((1, 1), (1, 1), (0, 0, 1, 1), 1, 1, False))))
+    check_kernel(k, cases=cases, rtol=1e-4, atol=1e-4)
+    # its result is channels-last: a (N, L', O) array seen as (N, O, L')
+    g = Geom((1, 1), (1, 1), (0, 0, 1, 1), 1, 1, True)
+    y = k.fn(_r(2, 80, 9), _r(40, 80, 3), _r(40), geom=g)
+    assert y.shape == (2, 40, 9) and y.transpose(0, 2, 1).flags.c_contiguous
+    # what it leaves to the op's forward: dilation, groups, shallow products, a wrong shape
+    x, w = _r(1, 80, 20), _r(8, 80, 3)
+    dil = Geom((1, 1), (1, 2), (0, 0, 0, 0), 1, 1, True)
+    grp = Geom((1, 1), (1, 1), (0, 0, 0, 0), 2, 1, True)
+    assert not k.applies([x, w], dict(geom=dil))
+    assert not k.applies([x, _r(8, 40, 3)], dict(geom=grp))
+    assert not k.applies([_r(1, 4, 20), _r(8, 4, 3)], dict(geom=g))
+    with pytest.raises(ShapeError):
+        k.fn(_r(1, 64, 20), w, geom=g)
+
+
+def test_conv1d_op_uses_the_kernel_and_matches_torch():
+    import torch
+
+    import ember
+    import ember.nn.functional as F
+
+    x, w, b = _r(2, 80, 50), _r(64, 80, 3), _r(64)
+    got = F.conv1d(ember.from_numpy(x), ember.from_numpy(w), ember.from_numpy(b), stride=2,
+                   padding=1)  # fmt: skip
+    want = torch.nn.functional.conv1d(*map(torch.from_numpy, (x, w, b)), stride=2, padding=1)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)

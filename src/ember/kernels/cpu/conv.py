@@ -4,8 +4,10 @@ Inference (float32, no gradient recorded), behind ops: ``fused_conv2d`` (ember.i
 act(conv2d + bias [+ residual]), ReLU/ReLU6) runs on the packed GEMM's implicit-GEMM form
 (``conv_gemm``, kernels.cpu.gemm) when its weight is a ``gemm.PackedWeight``, or on the NHWC
 depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the same GEMM, and
-``max_pool2d`` of channels-last data the NHWC max pool. Their results are channels-last: an
-(N, C, H, W) view of NHWC memory, which the next of these kernels reads without a copy.
+``max_pool2d`` of channels-last data the NHWC max pool; a 1-D ``conv2d`` (conv1d, e.g. Whisper's
+stem) with a plain weight runs on the same GEMM, its weight packed per call (``conv1d_gemm``).
+Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, L) view of
+(N, L, C) for conv1d), which the next of these kernels reads without a copy.
 Depthwise conv, max pooling and copy4d spread output rows over numba's threads; im2col (each
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
 
@@ -27,6 +29,7 @@ import threading
 
 import numpy as np
 
+from ember.errors import ShapeError
 from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
@@ -439,6 +442,61 @@ def conv2d_packed(x, w, b=None, *, geom):
     o = w.shape[0]
     bias = np.zeros(o, _F32) if b is None else np.ascontiguousarray(b)
     return conv_gemm(x, w.panels, o, w.shape[2:], bias, None, geom.stride, geom.pad, 0)
+
+
+# conv1d (the conv2d op with geom.nd == 1): a plain (O, C, K) weight is packed on every call (a
+# cached packing would go stale when the weight changes in place); from this many multiply-adds
+# per output element (C * K) the GEMM on numba's threads beats im2col + BLAS, whose idle workers
+# also spin on the cores for ~0.1 s after the call and slow the numba kernels that follow
+CONV1D_MIN_DEPTH = 64
+
+
+def conv1d_reference(x, w, b=None, *, geom):
+    """The conv2d op on 1-D input (x (N, C, L) or (C, L), w (O, C, K)), in numpy."""
+    x3 = x if geom.batched else x[None]
+    y = conv2d_nchw_reference(x3[:, :, None, :], w[:, :, None, :], geom.stride, geom.pad, 1)
+    y = y[:, :, 0, :]
+    if b is not None:
+        y = y + b[:, None]
+    return y if geom.batched else y[0]
+
+
+def _conv1d_applies(x, w, b=None, *, geom) -> bool:
+    return (
+        geom.nd == 1
+        and geom.groups == 1
+        and tuple(geom.dilation) == (1, 1)
+        and w.ndim == 3
+        and x.ndim == (3 if geom.batched else 2)
+        and w.shape[1] * w.shape[2] >= CONV1D_MIN_DEPTH
+        and G.packed_panels(w) is None
+    )
+
+
+@register(
+    "conv2d", reference=conv1d_reference, when=_conv1d_applies, available=G.microkernels_available
+)
+def conv1d_gemm(x, w, b=None, *, geom):
+    """conv1d on the packed GEMM (weight packed per call, bias in the epilogue); channels-last out.
+
+    The result is an (N, O, L') view of (N, L', O) memory: a following conv1d reads it without a
+    copy, and transposing it to (N, L', O) (a Transformer's token-major layout) is free.
+    """
+    o, c, k = w.shape
+    if x.shape[-2] != c:
+        raise ShapeError(f"conv1d: input {x.shape} has not the weight's {c} channels")
+    panels = G.pack_weight(np.asarray(w, _F32).transpose(2, 1, 0).reshape(k * c, o), _nr())
+    bias = np.zeros(o, _F32) if b is None else np.ascontiguousarray(b, _F32)
+    x4 = (x if geom.batched else x[None])[:, :, None, :]
+    y = conv_gemm(x4, panels, o, (1, k), bias, None, geom.stride, geom.pad, 0)[:, :, 0, :]
+    return y if geom.batched else y[0]
+
+
+def _nr() -> int:
+    nr = G.panel_width()
+    if nr is None:  # pragma: no cover - the kernel's available() says so first
+        raise RuntimeError("conv1d_gemm called without the packed GEMM's microkernels")
+    return nr
 
 
 def max_pool2d_reference(x, *, k, s, p, d, out, nd, batched, track):
