@@ -3,6 +3,7 @@
 import builtins as _builtins
 
 from ember import errors
+from ember import memory as _memory
 from ember.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from ember.device import Device, cuda_if_available
 from ember.device import Device as device
@@ -33,6 +34,8 @@ from ember.ops import *  # noqa: F403
 from ember.ops import cast, linalg, to_device
 from ember.tensor import Size, Tensor
 from ember.threads import get_num_threads, set_num_threads
+
+_memory.keep_freed_memory()  # freed activations stay for the next pass (EMBER_MALLOC)
 
 bool = bool_  # noqa: A001  (torch.bool)
 float = float32  # noqa: A001  (torch.float)

@@ -8,11 +8,13 @@ same in every module. Tests that need another value run a fresh process with the
 | ``EMBER_NO_NUMBA`` | ``1`` / ``true`` | never import numba: kernels that need it step aside, ops run their numpy references |
 | ``EMBER_KERNELS`` | ``all`` (default), ``reference`` | ``reference``: the registry picks no kernel |
 | ``EMBER_SGEMM_ISA`` | ``avx512``, ``avx2``, ``none`` | cap the LLVM IR microkernel family (``none``: numpy) |
+| ``EMBER_MALLOC`` | ``keep`` (default), ``system`` | ``system``: leave glibc's malloc thresholds alone (ember.memory) |
 | ``EMBER_FUZZ_EXAMPLES`` | an int | tests only: a longer randomised run of the reader fuzzer |
 
 What ember writes into ``os.environ`` on a user's behalf: ``GOMP_SPINCOUNT=10000`` before numba
 starts its OpenMP workers, unless the user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (see
-``ember.kernels.cpu.numba_or_none``).
+``ember.kernels.cpu.numba_or_none``). Not a variable but process state: glibc's malloc keeps freed
+arrays of up to 32 MB for reuse (``ember.memory``), unless ``EMBER_MALLOC=system``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ KERNELS: str = _choice("EMBER_KERNELS", ("all", "reference"), "all")
 SGEMM_ISA: str | None = _choice("EMBER_SGEMM_ISA", ("avx512", "avx2", "none", "auto"), "auto")
 if SGEMM_ISA == "auto":
     SGEMM_ISA = None
+MALLOC: str = _choice("EMBER_MALLOC", ("keep", "system"), "keep")
 FUZZ_EXAMPLES: int | None = (
     int(os.environ["EMBER_FUZZ_EXAMPLES"]) if os.environ.get("EMBER_FUZZ_EXAMPLES") else None
 )
