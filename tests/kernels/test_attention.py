@@ -203,6 +203,8 @@ CASES = [  # batch, queries, keys, heads, head_dim, fused qkv (then queries == k
     (1, 197, 197, 12, 64, True),  # ViT-B/16
     (2, 300, 300, 2, 40, True),  # several query blocks per head
     (1, 1, 513, 2, 80, False),  # one query, head_dim spanning a partial second panel
+    (2, 29, 45, 3, 32, True),  # whole panels (AVX2): P V through the tile kernel, scaled there
+    (1, 61, 61, 1, 128, False),  # several whole panels per head
 ]
 
 

@@ -11,11 +11,13 @@ How: K and V are packed per (batch, head) into the panel layout of the packed-we
 a panel is a (rows x NR) tile of scores. Each task of a numba ``prange`` takes one (batch, head,
 block of query rows); for its block it
 
-1. writes the scores S = Q_blk K^T (rows x S) with sgemm's register-blocked microkernels;
+1. writes the scores S = Q_blk K^T (rows x S) with a register-blocked tile kernel of its own
+   (``_tile_ir``: LLVM IR like sgemm's microkernels, but rows at a fixed stride, whole panels
+   and plain stores; sgemm's masked epilogue cost as much as the 64-deep product);
 2. turns each row into exp((s - max) * scale) in place and keeps 1 / sum (a float32 exp,
    branch-free so that it vectorizes: numba's np.exp calls libm's scalar expf);
-3. multiplies P V with the microkernels straight into the output, then scales each row by its
-   1 / sum.
+3. multiplies P V with the tile kernel straight into the output, each row scaled by its 1 / sum
+   as it is stored (sgemm's microkernels and a scaling pass when D is not whole panels).
 
 Only a (rows x S) block of scores per thread exists at any time (about 300 KB at S = 1500), so
 it stays in L2, where a full (H, L, S) score tensor (54 MB for Whisper's encoder) would stream
@@ -39,6 +41,7 @@ from ember.kernels.registry import register
 
 _F32 = np.float32
 _K: dict | None = None
+_ENGINE: list = []  # the tile kernels' execution engine (it owns their machine code)
 SCORE_BLOCK_BYTES = 1 << 19  # a task's (rows x keys) float32 scores: at most ~512 KB (in L2)
 
 # exp(x) for float32 (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2; exp(r) by a degree-6
@@ -86,6 +89,109 @@ def attention_reference(q, k, v, num_heads: int, scale: float, key_mask=None) ->
 
 # ------------------------------------------------------------------ numba kernels
 _micro = None  # sgemm's microkernel dispatcher, set by _build before compiling
+TILE_ROWS_MAX = 12  # the tile kernels below are built for 1..12 rows (the ISA's MR may be less)
+
+
+def _tile_ir(mr: int, nv: int, w: int) -> str:
+    """C[r, :nr] = (sum_k A[r*lda + k] * B[k, :]) [* s[r]] for r < mr; nr = nv*w, full panels.
+
+    The attention blocks' own microkernel: rows of A at a fixed stride (query rows of q, or score
+    rows), one packed panel of B (K^T or V), and C stored with plain vector stores. sgemm's
+    general kernel also handles partial panels, bias, residual and clamping with masked loads
+    and stores, a fixed cost per tile that the scores (only D = 64 deep) cannot amortize. s: 0,
+    or the address of mr row factors (the softmax's 1 / sum, applied as P V is stored).
+    """
+    vt = f"<{w} x float>"
+    rows, vecs = range(mr), range(nv)
+    acc = [(r, v) for r in rows for v in vecs]
+    s = [
+        f"define void @ember_attn_tile_{mr}(i64 %ai, i64 %lda, i64 %bi, i64 %kc, i64 %ci,"
+        " i64 %ldc, i64 %si) #0 {",
+        "entry:",
+        "  %a = inttoptr i64 %ai to ptr",
+        "  %b = inttoptr i64 %bi to ptr",
+        "  %c = inttoptr i64 %ci to ptr",
+    ]
+    for r in rows:
+        s += [
+            f"  %ao{r} = mul i64 %lda, {r}",
+            f"  %ap{r} = getelementptr float, ptr %a, i64 %ao{r}",
+        ]
+    s += ["  br label %k", "k:"]
+    s += ["  %kk = phi i64 [0, %entry], [%kk1, %k]", "  %bk = phi ptr [%b, %entry], [%bn, %k]"]
+    s += [f"  %K{r}_{v} = phi {vt} [zeroinitializer, %entry], [%N{r}_{v}, %k]" for r, v in acc]
+    for v in vecs:
+        s += [f"  %bp{v} = getelementptr float, ptr %bk, i64 {v * w}"]
+        s += [f"  %bv{v} = load {vt}, ptr %bp{v}, align 4"]
+    for r in rows:
+        s += [f"  %aq{r} = getelementptr float, ptr %ap{r}, i64 %kk"]
+        s += [f"  %as{r} = load float, ptr %aq{r}, align 4"]
+        s += [f"  %ai{r} = insertelement {vt} poison, float %as{r}, i32 0"]
+        s += [f"  %av{r} = shufflevector {vt} %ai{r}, {vt} poison, <{w} x i32> zeroinitializer"]
+        for v in vecs:
+            s += [
+                f"  %N{r}_{v} = call {vt} @llvm.fma.v{w}f32({vt} %av{r}, {vt} %bv{v},"
+                f" {vt} %K{r}_{v})"
+            ]
+    s += [f"  %bn = getelementptr float, ptr %bk, i64 {nv * w}"]
+    s += ["  %kk1 = add i64 %kk, 1", "  %more = icmp ult i64 %kk1, %kc"]
+    s += ["  br i1 %more, label %k, label %done", "done:"]
+    s += ["  %hs = icmp ne i64 %si, 0", "  br i1 %hs, label %scaled, label %plain"]
+    for blk, scaled in (("scaled", True), ("plain", False)):
+        s += [f"{blk}:"]
+        if scaled:
+            s += ["  %sp = inttoptr i64 %si to ptr"]
+        for r in rows:
+            s += [f"  %{blk}co{r} = mul i64 %ldc, {r}"]
+            s += [f"  %{blk}cr{r} = getelementptr float, ptr %c, i64 %{blk}co{r}"]
+            if scaled:
+                s += [f"  %sq{r} = getelementptr float, ptr %sp, i64 {r}"]
+                s += [f"  %ss{r} = load float, ptr %sq{r}, align 4"]
+                s += [f"  %si{r} = insertelement {vt} poison, float %ss{r}, i32 0"]
+                s += [f"  %sv{r} = shufflevector {vt} %si{r}, {vt} poison,"]
+                s[-1] += f" <{w} x i32> zeroinitializer"
+            for v in vecs:
+                x = f"{r}_{v}"
+                val = f"%N{x}"
+                if scaled:
+                    s += [f"  %y{x} = fmul {vt} %N{x}, %sv{r}"]
+                    val = f"%y{x}"
+                s += [f"  %{blk}cp{x} = getelementptr float, ptr %{blk}cr{r}, i64 {v * w}"]
+                s += [f"  store {vt} {val}, ptr %{blk}cp{x}, align 4"]
+        s += ["  ret void"]
+    s += ["}"]
+    return "\n".join(s)
+
+
+def _tile_py(m, args):  # pragma: no cover - compiled
+    """The attention tile kernel for m rows (1..TILE_ROWS_MAX)."""
+    if m == 12:
+        _t12(*args)
+    elif m == 11:
+        _t11(*args)
+    elif m == 10:
+        _t10(*args)
+    elif m == 9:
+        _t9(*args)
+    elif m == 8:
+        _t8(*args)
+    elif m == 7:
+        _t7(*args)
+    elif m == 6:
+        _t6(*args)
+    elif m == 5:
+        _t5(*args)
+    elif m == 4:
+        _t4(*args)
+    elif m == 3:
+        _t3(*args)
+    elif m == 2:
+        _t2(*args)
+    else:
+        _t1(*args)
+
+
+_t1 = _t2 = _t3 = _t4 = _t5 = _t6 = _t7 = _t8 = _t9 = _t10 = _t11 = _t12 = None  # _build binds
 
 
 def _pack_kv_py(k, v, num_heads, pk, pv):  # pragma: no cover - compiled
@@ -162,17 +268,16 @@ def _task_py(task, q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr,
     offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
     inv = ws[rows * lds + 4 * rows : rows * lds + 5 * rows]
     qa, sa, oa = q.ctypes.data, sc.ctypes.data, out.ctypes.data
-    roq, ros = offs.ctypes.data, offs.ctypes.data + rows * 8
-    for r in range(m):
-        offs[r] = b * qs0 + (r0 + r) * qs1 + h * d
-    # 1. scores: the block's query rows times each panel of K^T (D deep); the tap offset the
-    # microkernel adds to each row is offs[rows] = 0
+    ros = offs.ctypes.data + rows * 8
+    # 1. scores: the block's query rows (q's row stride) times each panel of K^T (D deep),
+    # whole panels (the score rows are padded to lds; the zero keys past s_len are never read)
+    q0 = qa + (b * qs0 + r0 * qs1 + h * d) * 4
     for j in range(pk.shape[2]):
         ba = pk[b, h, j].ctypes.data
-        nc = min(nr, s_len - j * nr)
         for p in range(0, m, mr):
-            args = (qa, roq + p * 8, ros, 1, d, ba, sa + (p * lds + j * nr) * 4, lds, nc)
-            _micro(min(mr, m - p), args + (oa, oa, 0, ninf, pinf, 0, 0))
+            _tile(
+                min(mr, m - p), (q0 + p * qs1 * 4, qs1, ba, d, sa + (p * lds + j * nr) * 4, lds, 0)
+            )
     # 2. softmax numerators in place, 1 / denominators aside
     for r in range(m):
         s = sc[r]
@@ -186,7 +291,16 @@ def _task_py(task, q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr,
             inv[r] = np.float32(1.0) / _masked_exp(s, mask[b], s_len, mx, scale)
         else:
             inv[r] = np.float32(1.0) / _softmax_row(s, s_len, scale)
-    # 3. out = P V (S deep), written in place, then scaled row by row
+    # 3. out = P V (S deep), written in place, scaled by 1 / sum as it is stored; a head whose
+    # last panel is partial (D not a multiple of NR) takes sgemm's masked kernel, then the scaling
+    if d % nr == 0:
+        ia = inv.ctypes.data
+        for pp in range(pv.shape[2]):
+            ba = pv[b, h, pp].ctypes.data
+            for p in range(0, m, mr):
+                c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
+                _tile(min(mr, m - p), (sa + p * lds * 4, lds, ba, s_len, c, os1, ia + p * 4))
+        return
     for pp in range(pv.shape[2]):
         ba = pv[b, h, pp].ctypes.data
         nc = min(nr, d - pp * nr)
@@ -227,6 +341,7 @@ def _masked_exp_py(s, ok, n, mx, scale):  # pragma: no cover - compiled
 
 prange = range
 _expf = _softmax_ext = _softmax_row = _masked_max = _masked_exp = _fetch_add = _task = None
+_tile = None
 TASKS_PER_GRAB = 2  # blocks a worker takes from the queue at a time (one head's, mostly)
 
 
@@ -241,14 +356,20 @@ def _build() -> dict:
         return {}
     tile, mr, nr = micro  # the microkernels are compiled and their symbols registered by now
     g = globals()
+    w, nv, _ = G.ISAS[G.isa()]
+    names = [f"ember_attn_tile_{m}" for m in range(1, TILE_ROWS_MAX + 1)]
+    _ENGINE.append(G.jit_ir([_tile_ir(m, nv, w) for m in range(1, TILE_ROWS_MAX + 1)], names))
+    i8 = nb.types.int64
+    for m, name in enumerate(names, 1):
+        g[f"_t{m}"] = nb.types.ExternalFunction(name, nb.types.void(*([i8] * 7)))
     sig = nb.types.float32(nb.types.int64, nb.types.int64, nb.types.float32)
     g["_softmax_ext"] = nb.types.ExternalFunction("ember_softmax_row", sig)
-    i8 = nb.types.int64
     g["_fetch_add"] = nb.types.ExternalFunction("ember_sgemm_fetch_add", i8(i8, i8))
     # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")
     g.update(_micro=tile, prange=nb.prange, _expf=nb.njit(**inline)(expf))
+    g["_tile"] = nb.njit(**inline)(_tile_py)
     for name in ("_softmax_row", "_masked_max", "_masked_exp"):
         g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
     # these two link sgemm's microkernels and vecmath's symbols: cache them under names keyed
