@@ -29,8 +29,7 @@ def _cases():
 
 
 def _kernel():
-    (k,) = registry.kernels("gelu")
-    return k
+    return registry.kernels("gelu")[0]  # tried first; kernels.cpu.special's ufunc after it
 
 
 def test_gelu_kernel(monkeypatch):
@@ -47,18 +46,24 @@ def test_gelu_reference_matches_torch():
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_gelu_op_picks_kernel_only_without_graph(grad, monkeypatch):
+def test_gelu_op_picks_kernel_with_or_without_graph(grad, monkeypatch):
     calls = []
     k = _kernel()
     fn = k.fn
     monkeypatch.setattr(k, "fn", lambda *a, **kw: calls.append(1) or fn(*a, **kw))
     x = ember.randn(2, 3, 16, requires_grad=grad)
     y = ember.nn.functional.gelu(x)
-    assert len(calls) == (0 if grad else 1)
-    want = torch.nn.functional.gelu(torch.from_numpy(x.detach().numpy())).numpy()
-    np.testing.assert_allclose(y.detach().numpy(), want, 1e-6, 1e-6)
+    assert len(calls) == (1 if k.applies([x.detach().numpy()], {"approximate": "none"}) else 0)
+    tx = torch.from_numpy(x.detach().numpy()).requires_grad_(grad)
+    want = torch.nn.functional.gelu(tx)
+    np.testing.assert_allclose(y.detach().numpy(), want.detach().numpy(), 1e-6, 1e-6)
+    if grad:  # the kernel ran in training too (Gelu.saved): the gradient is the op's
+        y.sum().backward()
+        want.sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), 1e-5, 1e-6)
+    n = len(calls)
     ember.nn.functional.gelu(x, approximate="tanh")  # the reference path
-    assert len(calls) == (0 if grad else 1)
+    assert len(calls) == n
 
 
 @pytest.mark.parametrize("env", [{"EMBER_SGEMM_ISA": "avx2"}, {"EMBER_NO_NUMBA": "1"}])
@@ -73,7 +78,7 @@ def test_in_a_fresh_process(env):
         "    t.test_gelu_kernel(pytest.MonkeyPatch())\n"
         "else:\n"
         "    assert not t._kernel().applies([t._cases()[1][0][0]], {'approximate': 'none'})\n"
-        "t.test_gelu_op_picks_kernel_only_without_graph(True, pytest.MonkeyPatch())\n"
+        "t.test_gelu_op_picks_kernel_with_or_without_graph(True, pytest.MonkeyPatch())\n"
     )
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, **env}

@@ -80,15 +80,22 @@ def _sigmoid(x):
 
 
 def _erf(x):
-    from ember.kernels.cpu.special import erf
+    from ember.kernels.cpu.special import erf_numpy
 
-    return erf(x)
+    return erf_numpy(x)
 
 
 def _gelu(x):
-    from ember.kernels.cpu.special import gelu
+    from ember.kernels.cpu.special import gelu_numpy
 
-    return gelu(x)
+    return gelu_numpy(x)
+
+
+class _KernelUnary(Unary):
+    """A Unary op with registered kernels, which also run while a graph is recorded."""
+
+    def saved(self, x, **kw):
+        self.x, self.y, self.lo, self.kw = x, None, None, kw  # df reads x only
 
 
 neg = _unary("neg", np.negative, lambda x, y, g: -g, False, "-x, elementwise.")
@@ -124,12 +131,24 @@ relu = _unary(
 silu = _unary(
     "silu", lambda x: x * _sigmoid(x), lambda x, y, g: g * (s := _sigmoid(x)) * (1 + x * (1 - s))
 )
-erf = _unary(
-    "erf",
-    _erf,
-    lambda x, y, g: g * (2 / math.sqrt(math.pi)) * np.exp(-x * x),
-    doc="The error function.",
-)
+
+
+class Erf(_KernelUnary):
+    """The error function; kernels: kernels.cpu.special (numba ufuncs)."""
+
+    kernel_op = "erf"
+    f = staticmethod(_erf)
+
+    @staticmethod
+    def df(x, y, g):
+        return g * (2 / math.sqrt(math.pi)) * np.exp(-x * x)
+
+
+def erf(input: Tensor) -> Tensor:
+    """The error function."""
+    return Erf.apply(to_float(input))
+
+
 floor = _unary("floor", np.floor, _zero, False, "Round down.")
 ceil = _unary("ceil", np.ceil, _zero, False, "Round up.")
 trunc = _unary("trunc", np.trunc, _zero, False, "Round toward zero.")
@@ -142,8 +161,8 @@ mish = _unary(
 )
 
 
-class Gelu(Unary):
-    """GELU, exact (erf) or with the tanh approximation."""
+class Gelu(_KernelUnary):
+    """GELU, exact (erf) or with the tanh approximation; kernels: kernels.cpu.activation, special."""
 
     kernel_op = "gelu"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.kernels.cpu import have_numba, jit, vecmath
+from ember.kernels.cpu import have_numba, jit, special, vecmath
 from ember.kernels.cpu.special import gelu_reference as _gelu_exact
 from ember.kernels.registry import register
 
@@ -73,3 +73,13 @@ def gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
     if flat.size:
         _kernel(flat.size >= GELU_PARALLEL)(flat, out, CHUNK)
     return out.reshape(x.shape)
+
+
+register(
+    "gelu",
+    name="gelu_ufunc",
+    reference=special.gelu_numpy,
+    dtypes=(np.float32, np.float64),
+    when=lambda x, *, approximate: approximate == "none",
+    available=have_numba,
+)(special.gelu)  # float64, or float32 where vecmath's rows are missing: numba's ufunc

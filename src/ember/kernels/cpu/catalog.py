@@ -9,5 +9,6 @@ from ember.kernels.cpu import (  # noqa: F401
     glu,
     norm,  # noqa: F401
     rope,
+    special,
 )
 from ember.kernels.cpu.quant import q4_0, q4_1, q4_k, q5_k, q6_k, q8_0  # noqa: F401

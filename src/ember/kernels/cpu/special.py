@@ -1,4 +1,8 @@
-"""Special functions numpy lacks: erf and exact gelu (numba ufuncs; numpy references beside).
+"""Special functions numpy lacks: erf and exact gelu.
+
+``erf_numpy`` and ``gelu_numpy`` are the ops' numpy forwards (ember.ops.elementwise); the numba
+ufuncs ``erf`` and ``gelu`` are their kernels (``gelu`` is registered in kernels.cpu.activation,
+after its vectorised float32 kernel: it serves float64 and machines without vecmath).
 
 float32 inputs use ``erf_f32``, a float32 rational approximation (Eigen's, also PyTorch's):
 branch-free, so numba vectorizes it, and within float32 rounding of the true erf. float64
@@ -13,7 +17,8 @@ import math
 
 import numpy as np
 
-from ember.kernels.cpu import numba_or_none
+from ember.kernels.cpu import have_numba, numba_or_none
+from ember.kernels.registry import register
 
 # erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (|error| < 2e-7; Eigen's float erf, also PyTorch's)
 _ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
@@ -116,22 +121,37 @@ def gelu_reference(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + erf_reference(x * x.dtype.type(_RSQRT2)))
 
 
-# --- entry points -----------------------------------------------------------------------------
+def erf_numpy(x: np.ndarray) -> np.ndarray:
+    """The erf op's numpy forward: ``erf_f32`` for float32, ``math.erf`` for float64."""
+    return erf_f32(x) if x.dtype == np.float32 else erf_reference(x)
 
 
+def gelu_numpy(x: np.ndarray, *, approximate: str = "none") -> np.ndarray:
+    """The exact gelu op's numpy forward, through ``erf_numpy``."""
+    if x.dtype == np.float32:
+        return _HALF * x * (_ONE + erf_f32(x * _RSQRT2_F32))
+    return gelu_reference(x)
+
+
+# --- kernels: the ufuncs, one pass per array --------------------------------------------------
+
+
+@register(
+    "erf",
+    name="erf_ufunc",
+    reference=erf_numpy,
+    dtypes=(np.float32, np.float64),
+    available=have_numba,
+)
 def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise, for float32/float64 arrays (float32 at float32 accuracy)."""
-    if x.dtype == np.float32:
-        k = _ufunc("erf32")
-        return erf_f32(x) if k is None else k(x)
-    k = _ufunc("erf64")
-    return erf_reference(x) if k is None else k(x)
+    """The error function of a float32/float64 array in one compiled pass."""
+    return _ufunc("erf32" if x.dtype == np.float32 else "erf64")(x)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact (erf) gelu, elementwise, for float32/float64 arrays, in one pass."""
-    if x.dtype == np.float32:
-        k = _ufunc("gelu32")
-        return _HALF * x * (_ONE + erf_f32(x * _RSQRT2_F32)) if k is None else k(x)
-    k = _ufunc("gelu64")
-    return gelu_reference(x) if k is None else k(x)
+def gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
+    """Exact (erf) gelu of a float32/float64 array in one compiled pass (-inf gives NaN).
+
+    A kernel of the gelu op, registered in kernels.cpu.activation after its float32 one.
+    """
+    with np.errstate(invalid="ignore"):
+        return _ufunc("gelu32" if x.dtype == np.float32 else "gelu64")(x)
