@@ -346,6 +346,20 @@ def load_whisper(path: str | os.PathLike | None = None):
     folder = d if d.is_dir() else d.parent
     if not (folder / "tokenizer.json").is_file():
         raise FormatError(f"{folder}: no tokenizer.json next to the Whisper weights")
-    return WhisperForConditionalGeneration.from_pretrained(d), Tokenizer.from_file(
-        folder / "tokenizer.json"
-    )
+    model = WhisperForConditionalGeneration.from_pretrained(d)
+    _optimize_encoder(model)
+    return model, Tokenizer.from_file(folder / "tokenizer.json")
+
+
+def _optimize_encoder(model) -> None:
+    """The encoder through ember.inference (its linears' weights packed for the packed GEMM).
+
+    Then every product of the encoder (convs, linears, attention) runs on numba's threads: with
+    its linears on BLAS, OpenBLAS's workers kept spinning on the cores for ~0.1 s after each
+    call, through the attention kernel that followed. The decoder keeps BLAS: its one-row
+    products run single-threaded (``blas_single_thread``) between Python-level steps.
+    """
+    from ember.inference import optimize_for_inference
+
+    enc = model.model.encoder
+    model.model.encoder = optimize_for_inference(enc, inplace=True)

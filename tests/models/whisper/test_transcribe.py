@@ -119,3 +119,24 @@ def test_long_audio_is_decoded_window_by_window(whisper, clip):
     assert all(s.start < s.end for s in res.segments) and ends == sorted(ends)
     assert res.segments[0].start < 1.0 and res.segments[-1].start >= 30.0
     assert 40.0 <= res.segments[-1].end <= x.size / 16000 + 0.5
+
+
+def test_loaded_encoder_runs_on_packed_weights_and_matches_the_plain_one(whisper, clip):
+    import numpy as np
+
+    from ember.kernels.cpu import gemm as G
+    from ember.models.whisper import (
+        WhisperForConditionalGeneration,
+        default_model_dir,
+        log_mel_spectrogram,
+    )
+
+    model, _ = whisper
+    fc1 = model.model.encoder.layers[0].fc1.weight.numpy()
+    if G.microkernels_available():
+        assert G.packed_panels(fc1) is not None
+    assert G.packed_panels(model.model.decoder.layers[0].fc1.weight.numpy()) is None
+    plain = WhisperForConditionalGeneration.from_pretrained(default_model_dir())
+    mel = log_mel_spectrogram(clip[:16000])[None]
+    got, want = model.encode(mel).numpy(), plain.encode(mel).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
