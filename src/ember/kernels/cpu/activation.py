@@ -67,12 +67,17 @@ def gelu_reference(x: np.ndarray, *, approximate: str) -> np.ndarray:
     available=lambda: have_numba() and vecmath.symbols() is not None,
 )
 def gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
-    """Exact GELU of a float32 array (a new array of x's shape)."""
-    flat = np.ascontiguousarray(x).reshape(-1)
+    """Exact GELU of a float32 array (a new array of x's shape, in x's memory order)."""
+    perm = np.argsort([-abs(st) for st in x.strides], kind="stable") if x.ndim > 1 else None
+    dense = x.transpose(perm) if perm is not None else x
+    if not dense.flags.c_contiguous:  # strided: one copy into C order
+        perm, dense = None, np.ascontiguousarray(x)
+    flat = dense.reshape(-1)
     out = np.empty(flat.shape, _F32)
     if flat.size:
         _kernel(flat.size >= GELU_PARALLEL)(flat, out, CHUNK)
-    return out.reshape(x.shape)
+    out = out.reshape(dense.shape)
+    return out if perm is None else out.transpose(np.argsort(perm))  # e.g. channels-last stays
 
 
 register(
