@@ -198,3 +198,48 @@ def test_conv1d_op_uses_the_kernel_and_matches_torch():
                    padding=1)  # fmt: skip
     want = torch.nn.functional.conv1d(*map(torch.from_numpy, (x, w, b)), stride=2, padding=1)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_nchw_matches_reference():
+    k = _kernel("conv2d", "depthwise_nchw")
+    rng = np.random.default_rng(5)
+    cases = []
+    for dt in (np.float32, np.float64):
+        for xs, ws, geom in [
+            ((2, 3, 9, 8), (3, 1, 3, 3), Geom((1, 1), (1, 1), (1, 1, 1, 1), 3, 2, True)),
+            ((1, 4, 9, 8), (8, 1, 3, 2), Geom((2, 3), (2, 1), (2, 1, 0, 2), 4, 2, True)),
+            ((5, 7, 6), (5, 1, 3, 3), Geom((1, 2), (1, 1), (0, 2, 1, 0), 5, 2, False)),
+            ((2, 6, 17), (12, 1, 5), Geom((1, 2), (1, 3), (0, 0, 4, 4), 6, 1, True)),
+            ((0, 3, 5, 5), (3, 1, 3, 3), Geom((1, 1), (1, 1), (1, 1, 1, 1), 3, 2, True)),
+        ]:
+            x, w = rng.standard_normal(xs).astype(dt), rng.standard_normal(ws).astype(dt)
+            b = rng.standard_normal(ws[0]).astype(dt)
+            cases += [((x, w, b), dict(geom=geom)), ((x, w), dict(geom=geom))]
+    check_kernel(k, cases=cases, rtol=1e-5, atol=1e-5)
+    g = Geom((1, 1), (1, 1), (0, 0, 0, 0), 1, 2, True)  # groups 1: the op's other paths
+    assert not k.applies([_r(1, 4, 5, 5), _r(4, 4, 3, 3)], dict(geom=g))
+    x16 = np.ones((1, 2, 4, 4), np.float16)
+    assert not k.applies([x16, x16[:, :1]], dict(geom=g._replace(groups=2)))
+
+
+def test_depthwise_conv_trains_on_the_kernel_and_matches_torch(monkeypatch):
+    import torch
+
+    import ember
+    import ember.nn.functional as F
+
+    k = _kernel("conv2d", "depthwise_nchw")
+    calls = []
+    fn = k.fn
+    monkeypatch.setattr(k, "fn", lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    x, w, b = _r(2, 6, 11, 9), _r(12, 1, 3, 3), _r(12)
+    ex, ew, eb = (ember.from_numpy(a.copy()).requires_grad_() for a in (x, w, b))
+    y = F.conv2d(ex, ew, eb, stride=2, padding=1, groups=6)
+    assert len(calls) == (1 if k.applies([x, w, b], {"geom": y._ctx.geom}) else 0)
+    (y * y).sum().backward()
+    tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (x, w, b))
+    ty = torch.nn.functional.conv2d(tx, tw, tb, stride=2, padding=1, groups=6)
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    for e, t in ((ex, tx), (ew, tw), (eb, tb)):
+        np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-3)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 import ember
 from ember.errors import DTypeError, ShapeError
 from ember.ops import conv as conv_mod
+from ember.ops.conv import Geom
 from tests.helpers import check, gradcheck
 
 ALL_FLOATS = (ember.float32, ember.float64, ember.float16, ember.bfloat16)
@@ -190,11 +191,11 @@ def test_depthwise_kernels_match_references(xs, ws, s, d, p, out):
     for dt in (np.float32, np.float64):
         x, w = rng.standard_normal(xs).astype(dt), rng.standard_normal(ws).astype(dt)
         g = rng.standard_normal((xs[0], ws[0], *out)).astype(dt)
+        pb = (out[0] - 1) * s[0] + d[0] * (k[0] - 1) + 1 - xs[2] - p[0]
+        pr = (out[1] - 1) * s[1] + d[1] * (k[1] - 1) + 1 - xs[3] - p[1]
+        geom = Geom(s, d, (p[0], max(pb, 0), p[1], max(pr, 0)), xs[1], 2, True)
         pairs = [
-            (
-                dw.depthwise_conv2d(x, w, s, d, p, out),
-                dw.depthwise_conv2d_reference(x, w, s, d, p, out),
-            ),
+            (dw.depthwise_nchw(x, w, geom=geom), dw.depthwise_conv2d_reference(x, w, s, d, p, out)),
             (
                 dw.depthwise_grad_input(g, w, xs, s, d, p),
                 dw.depthwise_grad_input_reference(g, w, xs, s, d, p),

@@ -126,13 +126,18 @@ def _chunks(n: int, per_sample: int, budget: int | None = None):
 class Conv(Function):
     """N-D (1 or 2) cross-correlation with stride, padding, dilation and groups."""
 
-    kernel_op = "conv2d"  # kernels.cpu.conv: the packed GEMM for a gemm.PackedWeight
+    # kernels.cpu.conv: the packed GEMM for a gemm.PackedWeight and for conv1d, depthwise NCHW;
+    # saved(): they also run while a graph is recorded
+    kernel_op = "conv2d"
 
-    def forward(self, x, w, b=None, *, geom):
+    def saved(self, x, w, b=None, *, geom):
         self.geom, self.xshape, self.wshape = geom, x.shape, w.shape
         lo = x.dtype if x.dtype in _LOW else None
-        x4, w4 = _to4(_up(x), geom), _w4(_up(w), geom)
-        self.x4, self.w4, self.lo = x4, w4, lo
+        self.x4, self.w4, self.lo = _to4(_up(x), geom), _w4(_up(w), geom), lo
+
+    def forward(self, x, w, b=None, *, geom):
+        self.saved(x, w, b, geom=geom)
+        x4, w4, lo = self.x4, self.w4, self.lo
         out = _conv_fwd(x4, w4, geom)
         if b is not None:
             out += _up(b)[:, None, None]
@@ -176,10 +181,10 @@ def _conv_fwd(x4: np.ndarray, w4: np.ndarray, geom: Geom) -> np.ndarray:
     n, c, h, w, o, cg, kh, kw, oh, ow = _geom_sizes(x4, w4, geom)
     g, (pt, pb, pl, pr) = geom.groups, geom.pad
     k, s, d, pad = (kh, kw), geom.stride, geom.dilation, (pt, pl)
-    if _is_depthwise(c, cg, g):
-        from ember.kernels.cpu.conv import depthwise_conv2d
+    if _is_depthwise(c, cg, g):  # a per-channel weighted sum (kernel: kernels.cpu.conv)
+        from ember.kernels.cpu.conv import depthwise_conv2d_reference
 
-        return depthwise_conv2d(x4, w4, s, d, pad, (oh, ow))
+        return depthwise_conv2d_reference(x4, w4, s, d, pad, (oh, ow))
     out = np.empty((n, o, oh, ow), np.result_type(x4, w4))
     wm = w4.reshape(g, o // g, cg * kh * kw)
     out3 = out.reshape(n, g, o // g, oh * ow)

@@ -12,7 +12,8 @@ Depthwise conv, max pooling and copy4d spread output rows over numba's threads; 
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
 
 Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients
-(``depthwise_conv2d``, ``depthwise_grad_input``, ``depthwise_grad_weight``, ops.conv's path),
+(``depthwise_nchw``, the conv2d op's kernel, which its ``saved`` lets run in training too;
+``depthwise_grad_input`` and ``depthwise_grad_weight``, which the op's backward calls),
 one plane per parallel task, the inner loop over a contiguous row so LLVM vectorises it
 (measured 4-6x faster than the references on MobileNet shapes). Shapes there: x (N, C, H, W),
 w (C*m, 1, kh, kw) (m = channel multiplier); ``pad`` is (top, left), bottom/right padding is
@@ -517,7 +518,8 @@ def max_pool2d_nhwc(x, *, k, s, p, d, out, nd, batched, track):
     return channels_last(maxpool_nhwc(x.transpose(0, 2, 3, 1), o, *k, *s, *p))
 
 
-# ------------------------------------------------------------------ NCHW depthwise (ops.conv)
+# ------------------------------------------------------------------ NCHW depthwise
+# the conv2d op's kernel for groups == channels (forward), and the op's backward kernels
 def _pads_nchw(h: int, wd: int, k, s, d, pad, out_hw) -> tuple:
     """(top, bottom, left, right) padding: pad on top/left, whatever out_hw needs at the end."""
     (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = k, s, d, pad, out_hw
@@ -698,13 +700,60 @@ def _nchw_kernels(x: np.ndarray, w: np.ndarray):
     return _NCHW or None
 
 
-def depthwise_conv2d(x: np.ndarray, w: np.ndarray, stride, dilation, pad, out_hw) -> np.ndarray:
-    """Depthwise convolution forward (numba kernel, or the numpy reference)."""
-    k = _nchw_kernels(x, w)
-    if k is None:
-        return depthwise_conv2d_reference(x, w, stride, dilation, pad, out_hw)
-    out = np.empty((x.shape[0], w.shape[0], *out_hw), x.dtype)
-    return k[0](np.ascontiguousarray(x), np.ascontiguousarray(w), out, *stride, *dilation, *pad)
+def _as4(x: np.ndarray, w: np.ndarray, geom) -> tuple[np.ndarray, np.ndarray]:
+    """The conv2d op's (x, w) as 4-d NCHW arrays (1-d convs have height 1, as in ops.conv)."""
+    if not geom.batched:
+        x = x[None]
+    return (x[:, :, None, :], w[:, :, None, :]) if geom.nd == 1 else (x, w)
+
+
+def _nchw_out_hw(x4: np.ndarray, w4: np.ndarray, geom) -> tuple[int, int]:
+    (sh, sw), (dh, dw), (pt, pb, pl, pr) = geom.stride, geom.dilation, geom.pad
+    kh, kw = w4.shape[2:]
+    oh = (x4.shape[2] + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (x4.shape[3] + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    return oh, ow
+
+
+def depthwise_reference(x, w, b=None, *, geom):
+    """The conv2d op on a depthwise (groups == channels) NCHW conv, in numpy."""
+    x4, w4 = _as4(x, w, geom)
+    (pt, _, pl, _), out_hw = geom.pad, _nchw_out_hw(x4, w4, geom)
+    y = depthwise_conv2d_reference(x4, w4, geom.stride, geom.dilation, (pt, pl), out_hw)
+    if b is not None:
+        y += b[:, None, None]
+    y = y[:, :, 0, :] if geom.nd == 1 else y
+    return y if geom.batched else y[0]
+
+
+def _depthwise_nchw_applies(x, w, b=None, *, geom) -> bool:
+    c = x.shape[1 if geom.batched else 0]
+    return (
+        geom.groups == c > 1
+        and w.shape[1] == 1
+        and x.dtype == w.dtype
+        and (b is None or b.dtype == x.dtype)
+    )
+
+
+@register(
+    "conv2d",
+    reference=depthwise_reference,
+    dtypes=(np.float32, np.float64),
+    when=_depthwise_nchw_applies,
+    available=have_numba,
+)
+def depthwise_nchw(x, w, b=None, *, geom):
+    """Depthwise conv over NCHW (any channel multiplier, stride, dilation), planes in parallel."""
+    x4, w4 = _as4(x, w, geom)
+    (pt, _, pl, _), out_hw = geom.pad, _nchw_out_hw(x4, w4, geom)
+    y = np.empty((x4.shape[0], w4.shape[0], *out_hw), x.dtype)
+    fwd = _nchw_kernels(x4, w4)[0]
+    fwd(np.ascontiguousarray(x4), np.ascontiguousarray(w4), y, *geom.stride, *geom.dilation, pt, pl)
+    if b is not None:
+        y += b[:, None, None]
+    y = y[:, :, 0, :] if geom.nd == 1 else y
+    return y if geom.batched else y[0]
 
 
 def depthwise_grad_input(
