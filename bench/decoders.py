@@ -137,7 +137,7 @@ def _timed(run) -> dict:
 
 def run_child(engine: str, tree: str | None, folder: Path, a) -> tuple[dict | None, str | None]:
     """(result, None) from one child process, or (None, why it gave none)."""
-    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "TQDM_DISABLE": "1"}  # each engine's own thread and OpenMP defaults
     env.pop("PYTHONPATH", None)
     if tree:
         env["PYTHONPATH"] = tree
@@ -256,7 +256,7 @@ def main() -> None:
         f"\n\nRandom-weight float32 models from transformers (hidden 768, 8 layers, 12 heads of "
         f"64, vocab 32000, MLP 2048 gated / GPT-2 3072), folders under {workdir} ({sizes}); "
         f"prompt {PROMPT_LEN} tokens, {a.tokens} greedy tokens with the KV cache, {a.threads} "
-        f"threads, OMP_WAIT_POLICY=PASSIVE, one process per (model, tree) per round, best "
+        f"threads, each engine's default OpenMP settings, one process per (model, tree) per round, best "
         f"(median) of {a.repeat} rounds; prefill = prompt / time to the first token, decode = "
         f"the tokens after it; CPU ms/token: the child's CPU time (all threads) per decoded "
         f"token, least of the rounds. CPU: {cpu_summary()}. Load average (1/5/15 min) "
