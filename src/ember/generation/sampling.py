@@ -98,3 +98,18 @@ class Sampler:
         probs = np.exp(x - x.max())
         probs /= probs.sum()
         return int(self.rng.choice(probs.size, p=probs))
+
+
+def token_logprobs(
+    logits: np.ndarray, token: int, k: int = 0
+) -> tuple[float, list[tuple[int, float]]]:
+    """Log-probability of `token` under softmax(logits), and the k most likely (id, logprob)."""
+    x = np.asarray(logits, np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        k = min(k, x.size)
+        ids = np.argpartition(-x, k - 1)[:k]
+        ids = ids[np.lexsort((ids, -x[ids]))]  # most likely first, ties by id
+        top = [(int(i), float(x[i] - lse)) for i in ids]
+    return float(x[int(token)] - lse), top

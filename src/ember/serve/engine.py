@@ -1,0 +1,463 @@
+"""The serving engine: a scheduler and the model loop on one worker thread.
+
+HTTP handlers submit sequences (`Engine.submit`) and read their tokens from an asyncio queue;
+the worker thread runs steps. Each step it
+
+1. drops sequences that were cancelled (client gone), ran past `--timeout`, or are cut off by a
+   shutdown, and answers jobs queued with `Engine.call` (embeddings run here too, so only one
+   thread ever drives the kernels);
+2. admits queued sequences while fewer than `max_running` run (each gets its own KV cache,
+   position and seeded sampler);
+3. gives every running sequence its next input: the next chunk of its prompt (chunks of
+   `prefill_chunk` tokens at fixed offsets, so a long prompt never stalls the others for more
+   than a chunk and is cut the same way whatever runs beside it) or its last sampled token;
+4. runs them all through `StepRunner.step`, the one model call per step;
+5. samples, detokenizes and checks stop tokens and strings per sequence, pushes the new text to
+   its request's queue (`loop.call_soon_threadsafe`) and removes finished sequences at once.
+
+`StepRunner.step` is where the batched forward goes: today it runs the sequences one after
+another through the model's single-sequence forward, each with its own `ember.nn.KVCache`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ember.errors import EmberError
+from ember.generation.generate import _stop_split
+from ember.generation.sampling import Sampler, SamplingParams, token_logprobs
+
+log = logging.getLogger("ember.serve")
+
+
+class QueueFull(EmberError):
+    """More sequences are waiting than the server's --max-queue allows."""
+
+
+class ShuttingDown(EmberError):
+    """The server stopped accepting work (SIGTERM)."""
+
+
+# --- the model-facing interface --------------------------------------------------------------
+
+
+@dataclass
+class StepInput:
+    """One sequence's share of a step: the tokens to feed and the cache they extend."""
+
+    tokens: list[int]
+    cache: Any
+
+
+class StepRunner:
+    """The model behind the engine: KV caches and one forward per step over many sequences.
+
+    The engine needs exactly this from a model: `new_cache(capacity)`, `reserve(cache, length)`
+    and `step(inputs) -> one row of next-token logits per input`. A batched implementation
+    keeps this signature: it packs every input's tokens into one varlen forward whose attention
+    reads each sequence's own cache (or slot), and returns the last row of each.
+    """
+
+    def __init__(self, model: Any, initial_capacity: int = 512) -> None:
+        """Drive `model` (an ember causal LM) with per-sequence caches."""
+        self.model = model
+        cfg = model.config
+        self.context_length = int(getattr(cfg, "max_position_embeddings", 2048))
+        self.initial_capacity = initial_capacity
+        spec = getattr(model, "spec", None)
+        # longrope keys each cache to its own history: such caches are never reallocated
+        self._fixed = getattr(spec, "rope_long_inv_freq", None) is not None
+
+    def new_cache(self, capacity: int) -> Any:
+        """An empty cache for one sequence of up to `capacity` positions (grown on demand)."""
+        cap = capacity if self._fixed else min(capacity, self.initial_capacity)
+        return self._alloc(min(cap, self.context_length))
+
+    def reserve(self, cache: Any, length: int) -> Any:
+        """A cache holding at least `length` positions: `cache` itself, or a larger copy."""
+        if cache.max_len >= length:
+            return cache
+        new = self._alloc(max(length, min(2 * cache.max_len, self.context_length)))
+        for dst, src in zip(new.k + new.v, cache.k + cache.v):
+            dst[:, :, : cache.pos] = src[:, :, : cache.pos]
+        new.pos = cache.pos
+        return new
+
+    def _alloc(self, capacity: int) -> Any:
+        from ember.nn import KVCache
+
+        cfg = self.model.config
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return KVCache(cfg.num_hidden_layers, 1, self.model.num_kv_heads, capacity, int(hd))
+
+    def step(self, inputs: list[StepInput]) -> list[np.ndarray]:
+        """Feed each input's tokens through its cache; the next-token logits (vocab,) of each.
+
+        This is the place for the batched forward: today the sequences run one after another
+        through the model's single-sequence forward.
+        """
+        import ember
+
+        out = []
+        with ember.no_grad():
+            for inp in inputs:
+                ids = ember.from_numpy(np.asarray([inp.tokens], np.int64))
+                logits = self.model(ids, cache=inp.cache, logits_to_keep=1)
+                out.append(logits.numpy()[0, -1].astype(np.float32, copy=False))
+        return out
+
+
+# --- sequences and requests ------------------------------------------------------------------
+
+
+@dataclass
+class TokenInfo:
+    """A generated token with its log-probability and the most likely alternatives."""
+
+    id: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class SequenceSpec:
+    """What to generate for one choice of a request."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+    index: int = 0
+
+
+class Sequence:
+    """One choice being generated: its prompt, cache, sampler, text and where its tokens go."""
+
+    _ids = itertools.count()
+
+    def __init__(self, spec: SequenceSpec, handle: RequestHandle, tokenizer: Any) -> None:
+        """A sequence of `handle`'s request (not yet admitted: no cache)."""
+        self.id = next(Sequence._ids)
+        self.spec = spec
+        self.handle = handle
+        self.sampler = Sampler(spec.sampling)
+        self.needs_history = spec.sampling.repetition_penalty != 1.0 or bool(
+            spec.sampling.presence_penalty or spec.sampling.frequency_penalty
+        )
+        self.history = list(spec.prompt)
+        self.cache: Any = None
+        self.fed = 0  # positions in the cache
+        self.generated: list[int] = []
+        self.decoder = tokenizer.stream(skip_special_tokens=True)
+        self.text, self.sent = "", 0
+        self.pending: list[TokenInfo] = []  # tokens whose text is still held back
+        self.last_token_time: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens are still to be fed."""
+        return self.fed < len(self.spec.prompt)
+
+
+class RequestHandle:
+    """The asyncio side of a request: its events arrive on `queue`; `cancel()` ends it.
+
+    Events: ("token", index, text, [TokenInfo]) and ("finish", index, reason, completion_tokens)
+    where reason is "stop", "length", "abort" (shutdown), "timeout" or "error".
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
+        """A handle whose events are delivered on `loop`."""
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.arrival = time.monotonic()
+        self.deadline = deadline
+        self.cancelled = False
+        self.first_token_time: float | None = None
+        self.seqs: list[Sequence] = []
+        self._engine: Engine | None = None
+
+    def cancel(self) -> None:
+        """Stop generating (the client left); the slots are freed at the next step."""
+        if not self.cancelled:
+            self.cancelled = True
+            if self._engine is not None:
+                self._engine._wake()
+
+    def _put(self, event: tuple) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+# --- the engine ------------------------------------------------------------------------------
+
+
+class Engine:
+    """The scheduler: admits, steps and retires sequences on one worker thread."""
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        tokenizer: Any,
+        *,
+        max_running: int = 8,
+        max_queue: int = 64,
+        prefill_chunk: int = 256,
+        timeout: float | None = None,
+        metrics: Any = None,
+        stop_token_ids: Any = None,
+    ) -> None:
+        """An engine over `runner`; call start() before submitting."""
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_running = max_running
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        self.timeout = timeout
+        self.metrics = metrics
+        ids = tokenizer.eos_token_ids if stop_token_ids is None else stop_token_ids
+        self.stop_token_ids = frozenset(int(i) for i in ids)
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._running: list[Sequence] = []
+        self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self._draining_until: float | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # --- called from the event loop ---
+
+    @property
+    def num_running(self) -> int:
+        """Sequences being generated."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences queued for admission."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread = threading.Thread(target=self._loop, name="ember-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, specs: list[SequenceSpec], loop: asyncio.AbstractEventLoop | None = None
+    ) -> RequestHandle:
+        """Queue one request's sequences (all or none); raises QueueFull or ShuttingDown."""
+        loop = loop or asyncio.get_running_loop()
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        handle = RequestHandle(loop, deadline)
+        handle._engine = self
+        handle.seqs = [Sequence(s, handle, self.tokenizer) for s in specs]
+        with self._cond:
+            if self._draining_until is not None or self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._waiting) + len(specs) > self.max_queue:
+                raise QueueFull(
+                    f"{len(self._waiting)} sequences are queued (--max-queue {self.max_queue})"
+                )
+            self._waiting.extend(handle.seqs)
+            self._cond.notify()
+        return handle
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run fn() on the engine thread between two steps; a future of its result."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            self._jobs.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    def begin_shutdown(self, grace: float = 0.0) -> None:
+        """Accept nothing new; end queued sequences now and running ones after `grace` s."""
+        with self._cond:
+            if self._draining_until is None:
+                self._draining_until = time.monotonic() + grace
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """End every sequence and the worker thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    # --- the worker thread ---
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._jobs or self._stopping):
+                    self._cond.wait(timeout=1.0)
+                jobs, self._jobs = self._jobs, []
+                stopping = self._stopping
+            for fn, fut in jobs:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # handed to the awaiting handler
+                        fut.set_exception(e)
+            if stopping:
+                self._retire_all("abort")
+                return
+            self._reap()
+            self._admit()
+            if self._running:
+                try:
+                    self._step()
+                except Exception:  # a model failure ends these sequences, not the server
+                    log.exception("engine step failed")
+                    for seq in list(self._running):
+                        self._finish(seq, "error")
+            if self.metrics is not None:
+                self.metrics.set_sequences(len(self._running), len(self._waiting))
+
+    def _retire_all(self, reason: str) -> None:
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for seq in waiting + self._running:
+            self._finish(seq, reason)
+
+    def _reap(self) -> None:
+        """Drop cancelled, timed-out and (when draining) cut-off sequences."""
+        now = time.monotonic()
+        draining = self._draining_until
+        with self._cond:
+            keep: collections.deque[Sequence] = collections.deque()
+            dropped = []
+            for seq in self._waiting:
+                reason = self._end_reason(seq, now)
+                if reason is None and draining is not None:
+                    reason = "abort"
+                (dropped.append((seq, reason)) if reason else keep.append(seq))
+            self._waiting = keep
+        for seq, reason in dropped:
+            self._finish(seq, reason, running=False)
+        for seq in list(self._running):
+            reason = self._end_reason(seq, now)
+            if reason is None and draining is not None and now >= draining:
+                reason = "abort"
+            if reason:
+                self._finish(seq, reason)
+
+    @staticmethod
+    def _end_reason(seq: Sequence, now: float) -> str | None:
+        h = seq.handle
+        if h.cancelled:
+            return "cancelled"
+        if h.deadline is not None and now >= h.deadline:
+            return "timeout"
+        return None
+
+    def _admit(self) -> None:
+        with self._cond:
+            while self._waiting and len(self._running) < self.max_running:
+                seq = self._waiting.popleft()
+                need = len(seq.spec.prompt) + seq.spec.max_tokens
+                seq.cache = self.runner.new_cache(need)
+                self._running.append(seq)
+
+    def _step(self) -> None:
+        inputs, stepped, sample = [], [], []
+        budget = self.prefill_chunk
+        for seq in self._running:
+            if seq.prefilling:
+                start = seq.fed
+                end = min(
+                    len(seq.spec.prompt), (start // self.prefill_chunk + 1) * self.prefill_chunk
+                )
+                # a whole chunk or nothing, so chunk boundaries never depend on other requests
+                # (the first prefilling sequence always fits: no chunk exceeds the budget)
+                if end - start > budget:
+                    continue
+                budget -= end - start
+                tokens = seq.spec.prompt[start:end]
+                sample.append(end == len(seq.spec.prompt))
+            else:
+                tokens = [seq.generated[-1]]
+                sample.append(True)
+            seq.cache = self.runner.reserve(seq.cache, seq.fed + len(tokens))
+            inputs.append(StepInput(tokens, seq.cache))
+            stepped.append(seq)
+        rows = self.runner.step(inputs)
+        now = time.monotonic()
+        for seq, inp, row, do_sample in zip(stepped, inputs, rows, sample):
+            seq.fed += len(inp.tokens)
+            if do_sample:
+                self._advance(seq, row, now)
+
+    def _advance(self, seq: Sequence, row: np.ndarray, now: float) -> None:
+        """Sample one token for seq from its logits row, stream its text, finish if done."""
+        spec = seq.spec
+        tok = seq.sampler(row, np.asarray(seq.history) if seq.needs_history else None)
+        info = TokenInfo(tok)
+        if spec.logprobs is not None:
+            info.logprob, info.top = token_logprobs(row, tok, spec.logprobs)
+        seq.generated.append(tok)
+        seq.history.append(tok)
+        h, m = seq.handle, self.metrics
+        if m is not None:
+            m.generation_tokens(1)
+            if h.first_token_time is None:
+                m.observe_ttft(now - h.arrival)
+            if seq.last_token_time is not None:
+                m.observe_itl(now - seq.last_token_time)
+        if h.first_token_time is None:
+            h.first_token_time = now
+        seq.last_token_time = now
+        seq.pending.append(info)
+        if tok in self.stop_token_ids:
+            self._emit(seq, seq.decoder.flush(), final=True)
+            self._finish(seq, "stop")
+            return
+        if self._emit(seq, seq.decoder.put(tok), final=False):
+            self._finish(seq, "stop")
+        elif len(seq.generated) >= spec.max_tokens:
+            self._emit(seq, seq.decoder.flush(), final=True)
+            self._finish(seq, "length")
+
+    def _emit(self, seq: Sequence, piece: str, final: bool) -> bool:
+        """Add decoded text; send what is safe to send. True when a stop string was hit."""
+        seq.text += piece
+        keep, hit, hold = _stop_split(seq.text, seq.spec.stop)
+        end = len(keep) if (hit or final) else len(keep) - hold
+        if end > seq.sent or (seq.pending and (hit or final)):
+            seq.handle._put(("token", seq.spec.index, keep[seq.sent : end], seq.pending))
+            seq.sent = max(seq.sent, end)
+            seq.pending = []
+        if hit:
+            seq.text = keep
+        return hit
+
+    def _finish(self, seq: Sequence, reason: str, running: bool = True) -> None:
+        if running and seq in self._running:
+            self._running.remove(seq)
+        seq.cache = None
+        if reason == "cancelled":
+            return
+        if seq.pending and reason in ("abort", "timeout", "error"):
+            self._emit(seq, seq.decoder.flush(), final=True)
+        seq.handle._put(("finish", seq.spec.index, reason, len(seq.generated)))
