@@ -39,6 +39,7 @@ def submit(engine: Engine, req: GenerationRequest, metrics: Any) -> RequestHandl
                     req.stop,
                     req.logprobs,
                     i * req.n + j,
+                    req.ignore_eos,
                 )
             )
     try:
@@ -191,7 +192,11 @@ async def collect(
 
 
 def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        + b"\n\n"
+    )
 
 
 async def stream_events(

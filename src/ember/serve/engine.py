@@ -140,6 +140,7 @@ class SequenceSpec:
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None
     index: int = 0
+    ignore_eos: bool = False  # run to max_tokens (benchmarks; vLLM's extension)
 
 
 class Sequence:
@@ -429,7 +430,7 @@ class Engine:
             h.first_token_time = now
         seq.last_token_time = now
         seq.pending.append(info)
-        if tok in self.stop_token_ids:
+        if tok in self.stop_token_ids and not spec.ignore_eos:
             self._emit(seq, seq.decoder.flush(), final=True)
             self._finish(seq, "stop")
             return

@@ -85,6 +85,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     model: str
+    ignore_eos: bool = False
 
 
 # --- field readers ---------------------------------------------------------------------------
@@ -301,6 +302,7 @@ def parse_chat(body: Any, limits: ModelLimits) -> GenerationRequest:
         stream=stream,
         include_usage=include_usage,
         model=model,
+        ignore_eos=_get(body, "ignore_eos", bool, False),
     )
 
 
@@ -361,4 +363,5 @@ def parse_completion(body: Any, limits: ModelLimits) -> GenerationRequest:
         stream=stream,
         include_usage=include_usage,
         model=model,
+        ignore_eos=_get(body, "ignore_eos", bool, False),
     )
