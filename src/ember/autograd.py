@@ -139,8 +139,19 @@ class Function:
                 )
             if t.requires_grad:
                 record = _grad_enabled
-        ctx = cls()
         arrays = [t._data for t in inputs]
+        op = cls.kernel_op
+        if op is not None and not record and dev is not META:
+            # the common inference case first: a kernel and nothing to record (no graph node)
+            kernel = registry.pick(op, dev.type, arrays, kwargs)
+            if kernel is not None:
+                try:
+                    out = kernel.fn(*arrays, **kwargs)
+                except ValueError as e:
+                    _shape_error(cls, e, inputs)
+                return Tensor._wrap(out, dev)
+            op = None  # no kernel applies: forward below, without asking again
+        ctx = cls()
         try:
             if dev is META:
                 if cls.meta is not None:
@@ -151,19 +162,15 @@ class Function:
                 out = meta_array(shape, dtype)
             else:
                 kernel = None
-                if cls.kernel_op is not None and (not record or cls.saved is not None):
-                    kernel = registry.pick(cls.kernel_op, dev.type, arrays, kwargs)
+                if op is not None and cls.saved is not None:  # recording: saved() keeps inputs
+                    kernel = registry.pick(op, dev.type, arrays, kwargs)
                 if kernel is None:
                     out = ctx.forward(*arrays, **kwargs)
                 else:
                     out = kernel.fn(*arrays, **kwargs)
-                    if record:
-                        ctx.saved(*arrays, **kwargs)
+                    ctx.saved(*arrays, **kwargs)
         except ValueError as e:
-            if isinstance(e, EmberError):
-                raise
-            shapes = ", ".join(str(tuple(t._data.shape)) for t in inputs)
-            raise ShapeError(f"{cls.__name__.lower()}: {e} (input shapes {shapes})") from None
+            _shape_error(cls, e, inputs)
         if record:
             ctx.parents = inputs
             # edges point at the parents' graph nodes as they are *now*, so a later
@@ -173,6 +180,14 @@ class Function:
             ctx.needs_input_grad = tuple(p.requires_grad for p in inputs)
             return Tensor._wrap(out, dev, ctx)
         return Tensor._wrap(out, dev)
+
+
+def _shape_error(cls, e: ValueError, inputs) -> None:
+    """Re-raise a numpy ValueError from an op as a ShapeError naming the op and the input shapes."""
+    if isinstance(e, EmberError):
+        raise e
+    shapes = ", ".join(str(tuple(t._data.shape)) for t in inputs)
+    raise ShapeError(f"{cls.__name__.lower()}: {e} (input shapes {shapes})") from None
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
