@@ -92,6 +92,35 @@ class qjit(jit):
         return super().__call__(*args)
 
 
+_thread_fns: tuple | None = None
+
+
+def _thread_count_fns() -> tuple:
+    """(get, set) numba's thread count for this thread, as cheap as numba allows.
+
+    numba's ``get_num_threads`` / ``set_num_threads`` check the threading layer and their
+    argument on every call (about 1.5 us each: a decode step makes hundreds of matrix-vector
+    calls, each switching to one thread and back). Once the layer is up, its C entry points
+    (``numba.np.ufunc.parallel._get_num_threads`` / ``_set_num_threads``) do the same work; the
+    public functions serve when a numba version lacks them.
+    """
+    global _thread_fns
+    if _thread_fns is None:
+        nb = numba_or_none()
+        get, put = nb.get_num_threads, nb.set_num_threads
+        try:
+            from numba.np.ufunc import parallel
+
+            parallel._launch_threads()
+            cget, cput = parallel._get_num_threads, parallel._set_num_threads
+            if callable(cget) and callable(cput) and cget() == get():
+                get, put = cget, cput
+        except (ImportError, AttributeError):  # pragma: no cover - another numba layout
+            pass
+        _thread_fns = (get, put)
+    return _thread_fns
+
+
 def f16_table() -> np.ndarray:
     """float32 value of every fp16 bit pattern (256 KiB), built on first use."""
     global _f16_lut
@@ -251,31 +280,34 @@ class QuantKernels:
 
     def _schedule(self, kernel, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
         """Run a matrix-vector style kernel over row chunks, on as many threads as pays."""
-        nb = numba_or_none()
+        get_threads, set_threads = _thread_count_fns()
         n = w3.shape[0]
-        threads = nb.get_num_threads()
+        threads = get_threads()
+        lut = _f16_lut if _f16_lut is not None else f16_table()
+        fn = kernel._compiled if kernel._compiled is not None else kernel
         if threads == 1 or w3.nbytes < SERIAL_MAX_BYTES:
             # One thread: a team of one wakes no worker (waking a second thread costs more than
             # it saves on a small weight, and on a busy machine the caller may wait a whole time
             # slice for it). The parallel kernel, not a serial copy: numba marks a parallel
             # body's arrays noalias, and LLVM vectorizes it 15% better.
             if threads > 1:
-                nb.set_num_threads(1)
+                set_threads(1)
             try:
-                kernel(w3, f16_table(), x, y, max(n, 1))
+                fn(w3, lut, x, y, max(n, 1))
             finally:
                 if threads > 1:
-                    nb.set_num_threads(threads)
+                    set_threads(threads)
             return
         chunk = max(4, -(-n // (8 * threads)))  # about 8 row chunks per thread
         if w3.nbytes < DYNAMIC_MIN_BYTES:
-            kernel(w3, f16_table(), x, y, chunk)
+            fn(w3, lut, x, y, chunk)
             return
         # Hand row chunks out one at a time so that a core busy with something else does not
         # hold back the whole product (static halves would wait for the slower core).
+        nb = numba_or_none()
         old = nb.set_parallel_chunksize(1)
         try:
-            kernel(w3, f16_table(), x, y, chunk)
+            fn(w3, lut, x, y, chunk)
         finally:
             nb.set_parallel_chunksize(old)
 
@@ -318,7 +350,11 @@ class QuantKernels:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
         if x.size == k:  # decode: one row, the matrix-vector kernel straight away
-            out = self.run_matvec(w3, np.ascontiguousarray(x.reshape(k), dtype=F32))
+            xv = x.reshape(w3.shape[1], -1)
+            if xv.dtype != F32 or not xv.flags.c_contiguous:
+                xv = np.ascontiguousarray(xv, dtype=F32)
+            out = np.empty(n, F32)
+            self._schedule(self._mv, w3, xv, out)
         else:
             out = self.run_matmul_t(w3, np.ascontiguousarray(x.reshape(-1, k), dtype=F32))
         if b is not None:
