@@ -107,3 +107,86 @@ def test_rope_gradient_and_qk_helper():
     qo, ko = apply_rotary_qk(q, k, cos.float(), sin.float())
     np.testing.assert_array_equal(qo.numpy(), apply_rotary(q, cos.float(), sin.float()).numpy())
     np.testing.assert_array_equal(ko.numpy(), apply_rotary(k, cos.float(), sin.float()).numpy())
+
+
+def _qk_cases():
+    rng = np.random.default_rng(5)
+    cases = []
+    for b, t, hq, hk, d, half, cb in [(1, 1, 3, 1, 8, 4, 1), (2, 5, 4, 2, 16, 8, 2),
+                                      (1, 3, 2, 2, 10, 3, 1), (2, 0, 2, 1, 8, 4, 1)]:  # fmt: skip
+        q = rng.standard_normal((b, t, hq, d)).astype(np.float32)
+        k = rng.standard_normal((b, t, hk, d)).astype(np.float32)
+        cos, sin = _tables(rng, cb, t, half)
+        for inter in (False, True):
+            cases.append(((q, k, cos, sin), {"interleaved": inter}))
+    return cases
+
+
+def test_rope_qk_kernel():
+    (k,) = registry.kernels("rope_qk")
+    assert check_kernel(k, cases=_qk_cases(), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_qk_kernel_reads_views_of_one_stacked_projection():
+    rng = np.random.default_rng(6)
+    b, t, hq, hk, d = 1, 1, 9, 3, 16
+    qkv = rng.standard_normal((b, t, (hq + 2 * hk) * d)).astype(np.float32)
+    q = qkv[..., : hq * d].reshape(b, t, hq, d)
+    k = qkv[..., hq * d : (hq + hk) * d].reshape(b, t, hk, d)
+    cos, sin = _tables(rng, 1, t, 8)
+    (kern,) = registry.kernels("rope_qk")
+    for inter in (False, True):
+        got = kern.fn(q, k, cos, sin, interleaved=inter)
+        (one,) = registry.kernels("rope")
+        want = np.concatenate([one.fn(q, cos, sin, interleaved=inter),
+                               one.fn(k, cos, sin, interleaved=inter)], axis=2)  # fmt: skip
+        np.testing.assert_array_equal(got, want)  # the same rotation, bit for bit
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_apply_rotary_qk_one_op_without_a_graph(grad, monkeypatch):
+    """No graph: one rope_qk op, q and k views of its output; with one: two Rotary ops."""
+    from ember.autograd import Function
+
+    ops = []
+    orig = Function.apply.__func__
+    monkeypatch.setattr(Function, "apply", classmethod(
+        lambda cls, *a, **kw: ops.append(cls.__name__) or orig(cls, *a, **kw)))  # fmt: skip
+    rng = np.random.default_rng(7)
+    c, s = _tables(rng, 1, 3, 4)
+    cos, sin = ember.from_numpy(c), ember.from_numpy(s)
+    qa = rng.standard_normal((2, 3, 4, 8)).astype(np.float32)
+    ka = rng.standard_normal((2, 3, 2, 8)).astype(np.float32)
+    q, k = ember.from_numpy(qa).requires_grad_(grad), ember.from_numpy(ka).requires_grad_(grad)
+    qo, ko = apply_rotary_qk(q, k, cos, sin, True)
+    assert ops == (["Rotary", "Rotary"] if grad else ["RotaryQK"])
+    (ref,) = registry.kernels("rope")
+    np.testing.assert_allclose(qo.detach().numpy(), ref.reference(qa, c, s, interleaved=True),
+                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(ko.detach().numpy(), ref.reference(ka, c, s, interleaved=True),
+                               atol=1e-6)  # fmt: skip
+    if grad:
+        (qo.sum() + ko.sum()).backward()
+        assert q.grad is not None and k.grad is not None
+
+
+def test_apply_rotary_qk_reference_and_meta(monkeypatch):
+    """EMBER_KERNELS=reference: the op's numpy forward; on the meta device: shapes only."""
+    from ember import config
+
+    rng = np.random.default_rng(8)
+    c, s = _tables(rng, 1, 2, 3)
+    qa = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    ka = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
+    args = (ember.from_numpy(c), ember.from_numpy(s))
+    fast = apply_rotary_qk(ember.from_numpy(qa), ember.from_numpy(ka), *args)
+    monkeypatch.setattr(config, "KERNELS", "reference")
+    slow = apply_rotary_qk(ember.from_numpy(qa), ember.from_numpy(ka), *args)
+    for a, b in zip(fast, slow):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+    qm, km = apply_rotary_qk(
+        ember.empty(1, 2, 3, 8, device="meta"), ember.empty(1, 2, 1, 8, device="meta"),
+        ember.empty(1, 2, 1, 3, device="meta"), ember.empty(1, 2, 1, 3, device="meta"),
+    )  # fmt: skip
+    assert tuple(qm.shape) == (1, 2, 3, 8) and tuple(km.shape) == (1, 2, 1, 8)
+    assert qm.device.type == "meta"

@@ -35,7 +35,7 @@ import ember
 from ember import nn
 from ember.errors import ShapeError, UnsupportedError
 from ember.nn import functional as F
-from ember.ops.rope import apply_rotary, rope_inv_freq, rope_tables
+from ember.ops.rope import apply_rotary_qk, rope_inv_freq, rope_tables
 
 
 @dataclass
@@ -302,25 +302,24 @@ class DecoderAttention(nn.Module):
 
     def forward(self, x, rope, mask: nn.CausalMask, cache=None):
         b, t, _ = x.shape
+        mods = self._modules  # submodules by name: a dict lookup, not Module.__getattr__
         if self._fused:
-            qkv = getattr(self, self._qkv)(x)
+            qkv = mods[self._qkv](x)
             qs, ks = self.q_size, self.kv_size
             q, k, v = qkv[..., :qs], qkv[..., qs : qs + ks], qkv[..., qs + ks :]
         else:
-            q, k, v = (getattr(self, n)(x) for n in (self._q, self._k, self._v))
+            q, k, v = mods[self._q](x), mods[self._k](x), mods[self._v](x)
         q = q.reshape(b, t, self.num_heads, self.head_dim)
         k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
         v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            cos, sin = rope
-            q = apply_rotary(q, cos, sin, self.interleaved)
-            k = apply_rotary(k, cos, sin, self.interleaved)
+            q, k = apply_rotary_qk(q, k, rope[0], rope[1], self.interleaved)
         out = F.cached_attention(
             q, k, v, mask, cache, self.layer_idx, scale=self.scale, softcap=self.softcap
         )  # (b, t, heads * head_dim)
-        return getattr(self, self._o)(out)
+        return mods[self._o](out)
 
 
 class DecoderMLP(nn.Module):
@@ -343,14 +342,15 @@ class DecoderMLP(nn.Module):
         setattr(self, n.down, lin(i, h, bias=bias))
 
     def forward(self, x):
-        down = getattr(self, self._down)
+        mods = self._modules
+        down = mods[self._down]
         if not self.gated:
-            return down(_activation(self.act, getattr(self, self._up)(x)))
+            return down(_activation(self.act, mods[self._up](x)))
         if self.fused:
-            gu = getattr(self, self._gate_up)(x)
+            gu = mods[self._gate_up](x)
             g, u = gu[..., : self.inter], gu[..., self.inter :]
         else:
-            g, u = getattr(self, self._gate)(x), getattr(self, self._up)(x)
+            g, u = mods[self._gate](x), mods[self._up](x)
         if self.act == "silu":
             return down(F.swiglu(g, u))
         if self.act in ("gelu_tanh", "gelu"):
@@ -383,13 +383,14 @@ class DecoderLayer(nn.Module):
         setattr(self, n.mlp, DecoderMLP(spec))
 
     def forward(self, x, rope, mask: nn.CausalMask, cache=None):
-        a = getattr(self, self._attn)(getattr(self, self._attn_norm)(x), rope, mask, cache)
+        mods = self._modules
+        a = mods[self._attn](mods[self._attn_norm](x), rope, mask, cache)
         if self.sandwich:
-            a = getattr(self, self._attn_out)(a)
+            a = mods[self._attn_out](a)
         x = x + a
-        m = getattr(self, self._mlp)(getattr(self, self._mlp_norm)(x))
+        m = mods[self._mlp](mods[self._mlp_norm](x))
         if self.sandwich:
-            m = getattr(self, self._mlp_out)(m)
+            m = mods[self._mlp_out](m)
         return x + m
 
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ember.autograd import Function, meta_array
+from ember.autograd import Function, is_grad_enabled, meta_array
 from ember.device import CPU, META, Device
 from ember.errors import ShapeError
 from ember.tensor import Tensor
@@ -132,11 +132,58 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     return Rotary.apply(x, cos, sin, interleaved=interleaved)
 
 
+class RotaryQK(Function):
+    """RoPE on queries and keys with the same angles, as one (b, t, hq + hk, d) array.
+
+    Inference only (no backward): ``apply_rotary_qk`` runs it when no graph is recorded and
+    hands out the two halves as plain views; with a graph it runs two ``Rotary`` ops. The
+    float32 kernel is ``ember.kernels.cpu.rope.rope_qk``.
+    """
+
+    kernel_op = "rope_qk"
+
+    def meta(self, q, k, cos, sin, interleaved):
+        """The stacked shape and q's dtype, without the rotation."""
+        np.broadcast_shapes(q.shape[:-1], cos.shape[:-1], sin.shape[:-1])
+        return q.shape[:2] + (q.shape[2] + k.shape[2], q.shape[3]), q.dtype
+
+    def forward(self, q, k, cos, sin, interleaved):
+        rot = [
+            _rotate(a, cos.astype(a.dtype, copy=False), sin.astype(a.dtype, copy=False),
+                    interleaved, 1.0)
+            for a in (q, k)
+        ]  # fmt: skip
+        return np.concatenate(rot, axis=2)
+
+
 def apply_rotary_qk(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """RoPE on queries and keys with the same angles: two ``apply_rotary`` calls."""
-    return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
+    """RoPE on queries (b, t, hq, d) and keys (b, t, hk, d) with the same angles.
+
+    Without a graph to record this is one op (one dispatch, one kernel call per attention
+    layer) whose output's two halves come back as views; otherwise two ``apply_rotary`` calls.
+    Other layouts (not token-major 4-d of one head_dim and dtype) also take two calls.
+    """
+    qd, kd = q._data, k._data
+    if (
+        is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)
+        or qd.ndim != 4
+        or kd.ndim != 4
+        or qd.shape[:2] != kd.shape[:2]
+        or qd.shape[3] != kd.shape[3]
+        or qd.dtype != kd.dtype
+        or q._device is not k._device
+    ):
+        return apply_rotary(q, cos, sin, interleaved), apply_rotary(k, cos, sin, interleaved)
+    if 2 * cos.shape[-1] > qd.shape[-1]:
+        raise ShapeError(
+            f"apply_rotary: rotary dim {2 * cos.shape[-1]} exceeds head dim {qd.shape[-1]}"
+        )
+    both = RotaryQK.apply(q, k, cos, sin, interleaved=interleaved)
+    out, dev, hq = both._data, both._device, qd.shape[2]
+    return Tensor._wrap(out[:, :, :hq], dev), Tensor._wrap(out[:, :, hq:], dev)
 
 
 __all__ = ["apply_rotary", "apply_rotary_qk", "rope_inv_freq", "rope_cos_sin", "rope_tables"]
