@@ -123,17 +123,17 @@ class _Stack:
             lin.__dict__["forward"] = _Member(self, i)
 
     def forward(self, i: int, x):
-        lin = self.layers[i]
-        if not self.enabled or x._device is not CPU or self._records(x):
-            return _own(lin, x)
-        if x is self.x:
+        if x is self.x:  # the product for this input is made: hand out this layer's slice
             y = self.outs[i]
-            if y is not None:
+            if y is not None and not self._records(x):
                 self.outs[i] = None
                 self.left -= 1
                 if not self.left:
                     self.x, self.outs = None, []
                 return y
+        lin = self.layers[i]
+        if not self.enabled or x._device is not CPU or self._records(x):
+            return _own(lin, x)
         if i:  # not the group's first layer, and no product for this input
             self._miss()
             return _own(lin, x)
@@ -178,7 +178,20 @@ class _Stack:
 
     def _current(self) -> bool:
         key = self.key
-        return key is not None and all(a is b for a, b in zip(key, self._now()))
+        if key is None:
+            return False
+        j = 0
+        for lin in self.layers:  # the _now() list, compared without building it
+            w, b = lin.weight, lin.bias
+            if (
+                key[j] is not w
+                or key[j + 1] is not getattr(w, "_data", None)
+                or key[j + 2] is not b
+                or key[j + 3] is not getattr(b, "_data", None)
+            ):
+                return False
+            j += 4
+        return True
 
     def _build(self) -> None:
         """Stack the weights (and biases) as they are now; self.w None when they cannot."""

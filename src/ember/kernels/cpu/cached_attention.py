@@ -29,6 +29,7 @@ BLOCKED_MIN_QUERIES = 16
 BLOCK_SCORES = 1 << 18  # float32 scores per block (1 MiB)
 BLOCK_ROWS = 64  # query rows per block: later blocks see more keys, earlier ones fewer
 _F32 = np.float32
+_NO_PAD = np.ones((1, 1), np.bool_)  # the pad argument when there is none (never read)
 
 prange = range  # numba.prange once numba is loaded (see _kernel)
 
@@ -229,6 +230,6 @@ def cached_attention(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softc
     parallel = nt * n_keys * hq * d >= PARALLEL_WORK
     out = np.empty((nb, nt, hq * d), _F32)
     has_pad = pad is not None
-    pad_arr = np.ascontiguousarray(pad, np.bool_) if has_pad else np.ones((1, 1), np.bool_)
+    pad_arr = np.ascontiguousarray(pad, np.bool_) if has_pad else _NO_PAD
     _kernel(parallel)(q, kb, vb, n_keys, past, w, pad_arr, has_pad, _F32(scale), _F32(cap), out)
     return out

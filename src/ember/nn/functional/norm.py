@@ -170,12 +170,13 @@ def rms_norm(
     """Root-mean-square norm over the trailing dims (eps=None: the compute type's epsilon)."""
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     n = len(ns)
-    if input.ndim < n or tuple(input.shape[input.ndim - n :]) != ns:
+    xs = input._data.shape
+    if len(xs) < n or xs[len(xs) - n :] != ns:
         raise ShapeError(
             f"rms_norm: expected input with shape [*, {', '.join(map(str, ns))}], got "
             f"{tuple(input.shape)}"
         )
-    if weight is not None and tuple(weight.shape) != ns:
+    if weight is not None and weight._data.shape != ns:
         raise ShapeError(
             f"rms_norm: weight of shape {tuple(weight.shape)} does not match normalized_shape {ns}"
         )
