@@ -21,11 +21,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register this command's options."""
     p.add_argument(
         "--model",
+        metavar="PATH",
         help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address to listen on (default 127.0.0.1)",
+    )
+    p.add_argument("--port", type=int, default=8000, metavar="N", help="port (default 8000)")
+    p.add_argument(
+        "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)"
+    )
     p.add_argument(
         "--api-key",
         action="append",
@@ -43,20 +51,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="serve /v1/embeddings from this sentence-transformers folder "
         "(the flag alone: the bundled all-MiniLM-L6-v2)",
     )
-    p.add_argument("--served-model-name", help="the model id clients use (default: file name)")
     p.add_argument(
-        "--max-running", type=int, default=8, help="sequences generated at once (default 8)"
+        "--served-model-name", metavar="NAME", help="the model id clients use (default: file name)"
+    )
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=8,
+        metavar="N",
+        help="sequences generated at once (default 8)",
     )
     p.add_argument(
         "--max-queue",
         type=int,
+        metavar="N",
         default=64,
         help="sequences waiting for a slot before requests get 429 (default 64)",
     )
-    p.add_argument("--max-n", type=int, default=16, help="most choices per request (default 16)")
+    p.add_argument(
+        "--max-n", type=int, default=16, metavar="N", help="most choices per request (default 16)"
+    )
     p.add_argument(
         "--max-body-bytes",
         type=int,
+        metavar="N",
         default=1 << 20,
         help="largest request body; larger ones get 413 (default 1 MiB)",
     )
@@ -70,6 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-chunk",
         type=int,
+        metavar="N",
         default=256,
         help="prompt tokens fed per step; long prompts go in chunks (default 256)",
     )

@@ -324,15 +324,15 @@ class Engine:
             if stopping:
                 self._retire_all("abort")
                 return
-            self._reap()
-            self._admit()
-            if self._running:
-                try:
+            try:
+                self._reap()
+                self._admit()
+                if self._running:
                     self._step()
-                except Exception:  # a model failure ends these sequences, not the server
-                    log.exception("engine step failed")
-                    for seq in list(self._running):
-                        self._finish(seq, "error")
+            except Exception:  # a model failure ends these sequences, not the server
+                log.exception("engine step failed")
+                for seq in list(self._running):
+                    self._finish(seq, "error")
             if self.metrics is not None:
                 self.metrics.set_sequences(len(self._running), len(self._waiting))
 
@@ -431,6 +431,7 @@ class Engine:
         seq.last_token_time = now
         seq.pending.append(info)
         if tok in self.stop_token_ids and not spec.ignore_eos:
+            seq.pending.pop()  # counted, but neither text nor a logprob entry (as OpenAI)
             self._emit(seq, seq.decoder.flush(), final=True)
             self._finish(seq, "stop")
             return
