@@ -26,6 +26,8 @@ for gate/up): the per-call overhead, and for quantized weights the pass over x, 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import ember
@@ -90,16 +92,21 @@ def unstack_linears(model: nn.Module) -> nn.Module:
     return model
 
 
-class _Member:
-    """A stacked layer's forward: its slice of the group's product."""
+class _Member(functools.partial):
+    """A stacked layer's forward, ``stack.forward(i, x)``: its slice of the group's product (a
+    partial, so that the call adds no Python frame of its own)."""
 
-    __slots__ = ("stack", "i")
+    __slots__ = ()
 
-    def __init__(self, stack: _Stack, i: int) -> None:
-        self.stack, self.i = stack, i
+    @property
+    def stack(self) -> _Stack:
+        """The group's shared state."""
+        return self.func.__self__
 
-    def __call__(self, x):
-        return self.stack.forward(self.i, x)
+    @property
+    def i(self) -> int:
+        """This layer's place in the group."""
+        return self.args[0]
 
 
 def _own(lin, x):
@@ -120,7 +127,7 @@ class _Stack:
         self.misses = 0
         self.enabled = True
         for i, lin in enumerate(layers):
-            lin.__dict__["forward"] = _Member(self, i)
+            lin.__dict__["forward"] = _Member(self.forward, i)
 
     def forward(self, i: int, x):
         if x is self.x:  # the product for this input is made: hand out this layer's slice
