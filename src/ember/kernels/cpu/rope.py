@@ -18,33 +18,6 @@ from ember.kernels.registry import register
 _F32 = np.float32
 
 
-def _rope_py(x, cos, sin, interleaved, out):  # pragma: no cover - compiled
-    nb, nt, nh, d = x.shape
-    half = cos.shape[2]
-    cb = cos.shape[0]
-    for b in range(nb):
-        bc = b if cb > 1 else 0
-        for t in range(nt):
-            c, s = cos[bc, t], sin[bc, t]
-            for h in range(nh):
-                xi, o = x[b, t, h], out[b, t, h]
-                if interleaved:
-                    for i in range(half):
-                        x1, x2 = xi[2 * i], xi[2 * i + 1]
-                        o[2 * i] = x1 * c[i] - x2 * s[i]
-                        o[2 * i + 1] = x2 * c[i] + x1 * s[i]
-                else:
-                    for i in range(half):
-                        x1, x2 = xi[i], xi[half + i]
-                        o[i] = x1 * c[i] - x2 * s[i]
-                        o[half + i] = x2 * c[i] + x1 * s[i]
-                for e in range(2 * half, d):
-                    o[e] = xi[e]
-
-
-_rope = jit(_rope_py)
-
-
 def rope_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool):
     """Rotate x (..., head_dim) by cos/sin broadcastable to (..., rotary_dim / 2); a new array."""
     half = cos.shape[-1]
@@ -81,7 +54,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool) 
     out = np.empty(x.shape, _F32)
     c = cos.reshape(cos.shape[0], cos.shape[1], cos.shape[3])
     s = sin.reshape(sin.shape[0], sin.shape[1], sin.shape[3])
-    _rope(x, c, s, bool(interleaved), out)
+    _rope_qk(x, x[:, :, :0], c, s, bool(interleaved), out)  # no key heads: x's rotation only
     return out
 
 
