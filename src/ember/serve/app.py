@@ -40,8 +40,10 @@ from ember.serve.protocol import (
     ModelLimits,
     bad,
     chat_messages,
+    json_object,
     parse_chat,
     parse_completion,
+    unknown_model,
 )
 
 log = logging.getLogger("ember.serve")
@@ -206,9 +208,7 @@ async def embeddings(request: Request) -> Any:
     import asyncio
 
     state = _ready(request)
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = json_object(await read_json(request))
     if state.embedder is None:
         raise APIError(
             404,
@@ -218,12 +218,7 @@ async def embeddings(request: Request) -> Any:
         )
     model = body.get("model", state.embed_name)
     if model != state.embed_name:
-        raise APIError(
-            404,
-            f"the model '{model}' does not exist; embeddings come from '{state.embed_name}'",
-            param="model",
-            code="model_not_found",
-        )
+        raise unknown_model(model, state.embed_name)
     texts = _embed_inputs(body)
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
@@ -293,9 +288,7 @@ async def get_model(request: Request) -> Any:
     for card in _model_cards(state):
         if card["id"] == wanted:
             return JSONResponse(card)
-    raise APIError(
-        404, f"the model '{wanted}' does not exist", param="model", code="model_not_found"
-    )
+    raise unknown_model(wanted, state.model_name)
 
 
 async def health(request: Request) -> Any:
@@ -322,14 +315,10 @@ async def metrics(request: Request) -> Any:
 async def tokenize(request: Request) -> Any:
     """POST /tokenize: {"prompt": str} or {"messages": [...]} -> token ids (vLLM's shape)."""
     state = _ready(request)
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = json_object(await read_json(request))
     model = body.get("model", state.model_name)
     if model != state.model_name:
-        raise APIError(
-            404, f"the model '{model}' does not exist", param="model", code="model_not_found"
-        )
+        raise unknown_model(model, state.model_name)
     tok = state.tokenizer
     if "messages" in body:
         add_gen = body.get("add_generation_prompt", True)
@@ -358,9 +347,7 @@ async def tokenize(request: Request) -> Any:
 async def detokenize(request: Request) -> Any:
     """POST /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
     state = _ready(request)
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = json_object(await read_json(request))
     ids = body.get("tokens")
     vocab = state.limits.vocab_size
     if not isinstance(ids, list) or not all(

@@ -59,6 +59,23 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
     return APIError(400, message, param=param, code=code)
 
 
+def json_object(body: Any) -> dict:
+    """body, which must be a JSON object (a 400 otherwise)."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    return body
+
+
+def unknown_model(model: Any, served: str) -> APIError:
+    """The 404 for a model name other than the one this route serves."""
+    return APIError(
+        404,
+        f"the model '{model}' does not exist; this server serves '{served}'",
+        param="model",
+        code="model_not_found",
+    )
+
+
 @dataclass
 class ModelLimits:
     """What request checks need to know about the loaded model."""
@@ -209,16 +226,10 @@ def _max_tokens(body: dict, prompt_len: int, limits: ModelLimits, param_prompt: 
 
 
 def _common(body: Any, limits: ModelLimits) -> tuple[str, int, bool, bool]:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    json_object(body)
     model = _get(body, "model", str, limits.name)
     if model != limits.name:
-        raise APIError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{limits.name}'",
-            param="model",
-            code="model_not_found",
-        )
+        raise unknown_model(model, limits.name)
     n = _get(body, "n", int, 1)
     if not 1 <= n <= limits.max_n:
         raise bad(f"'n' must be between 1 and {limits.max_n}, got {n}", "n")
