@@ -168,6 +168,16 @@ def test_packed_weight_is_the_weight_and_never_stale():
     q += 1
     assert q.panels is None
     np.testing.assert_allclose(np.asarray(q), w + 1)
+    for write in (lambda a: np.copyto(a, 0.5), lambda a: np.clip(a, 0, 1, out=a)):
+        r = G.PackedWeight(w.copy())
+        write(r)
+        assert r.panels is None
+    t = ember.from_numpy(w.copy())
+    t._data = G.PackedWeight(t._data)
+    with ember.no_grad():
+        t.mul_(2.0)  # a Tensor's in-place op (np.copyto underneath)
+    assert G.packed_panels(t._data) is None
+    np.testing.assert_allclose(t.numpy(), 2 * w)
 
 
 def test_linear_op_picks_the_packed_kernel_and_stays_exact():

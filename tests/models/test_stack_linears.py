@@ -126,6 +126,29 @@ def test_float_stack_keeps_parameters_state_dict_and_in_place_updates():
     assert "forward" not in repr(model)
 
 
+def test_packed_weights_stack_into_one_packed_product_and_follow_in_place_writes():
+    from ember.kernels.cpu import gemm as G
+
+    model = _tiny_llama(stack=False)
+    ref = [p.detach().numpy().copy() for p in model.model.layers[0].self_attn.parameters()]
+    fast = model.optimize_for_inference()
+    attn = fast.model.layers[0].self_attn
+    lins = (attn.q_proj, attn.k_proj, attn.v_proj)
+    x = ember.from_numpy(np.random.default_rng(11).standard_normal((5, 64)).astype(np.float32))
+    with ember.no_grad():
+        got = [lin(x).numpy() for lin in lins]
+        stack = attn.q_proj.__dict__["forward"].stack
+        if G.microkernels_available():  # one packed product for the three
+            assert G.packed_panels(stack.w._data) is not None and stack.w.shape == (128, 64)
+            assert all(G.packed_panels(lin.weight._data) is not None for lin in lins)
+        for g, w in zip(got, ref):
+            np.testing.assert_allclose(g, x.numpy() @ w.T, rtol=1e-5, atol=1e-5)
+        attn.k_proj.weight.mul_(2.0)  # in place: that layer's panels are dropped, nothing stale
+        got2 = [lin(x).numpy() for lin in lins]
+    np.testing.assert_allclose(got2[1], 2 * got[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got2[0], got[0], rtol=1e-6, atol=1e-6)
+
+
 def test_unshared_inputs_stop_stacking_and_grad_runs_per_layer():
     model = _tiny_llama()
     attn = model.model.layers[0].self_attn

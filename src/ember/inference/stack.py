@@ -18,7 +18,8 @@ The stacked weight is built on first use and rebuilt when a layer's weight or bi
 Float weights are not copied twice: each layer's parameter becomes a view of its rows in the
 stacked matrix, so in-place updates (an optimizer step) reach the stacked product too. Quantized
 weights (read-only, often memory-mapped) are copied once into the stacked matrix. ``PackedWeight``
-floats (``inference.pack``) are left to their packed per-layer kernels.
+floats (``inference.pack``) stack into one packed matrix; each layer keeps its own panels (for
+the calls that run its own forward) on a view of the stacked values.
 
 With a decode step's one-token input this turns three matrix-vector kernel calls into one (two
 for gate/up): the per-call overhead, and for quantized weights the pass over x, is paid once.
@@ -33,6 +34,7 @@ import numpy as np
 import ember
 from ember import nn
 from ember.device import CPU
+from ember.kernels.cpu.gemm import PackedWeight, packed_panels
 from ember.nn import functional as F
 from ember.quant import QTensor
 from ember.quant.nn import QLinear
@@ -190,9 +192,11 @@ class _Stack:
         j = 0
         for lin in self.layers:  # the _now() list, compared without building it
             w, b = lin.weight, lin.bias
+            d = getattr(w, "_data", None)
             if (
                 key[j] is not w
-                or key[j + 1] is not getattr(w, "_data", None)
+                or key[j + 1] is not d
+                or (type(d) is PackedWeight and d.panels is None)  # written in place
                 or key[j + 2] is not b
                 or key[j + 3] is not getattr(b, "_data", None)
             ):
@@ -217,14 +221,18 @@ class _Stack:
             dt = np.dtype(np.float32)
         else:
             arrays = [w._data for w in ws]
-            if any(type(a) is not np.ndarray for a in arrays) or any(
-                w._device is not CPU for w in ws
+            panels = [packed_panels(a) for a in arrays]
+            packed = all(p is not None for p in panels)
+            if any(w._device is not CPU for w in ws) or not (
+                packed or all(type(a) is np.ndarray for a in arrays)
             ):
-                return  # meta, another device, or packed weights (their own kernels)
-            buf = np.concatenate(arrays)
-            for w, (a, b) in zip(ws, self.spans):  # the parameters become views of the stack
-                w._data = buf[a:b]
+                return  # meta, another device, or some packed and some not
+            buf = np.concatenate([a.view(np.ndarray) for a in arrays])
+            for w, p, (a, b) in zip(ws, panels, self.spans):  # parameters: views of the stack
+                w._data = buf[a:b] if p is None else PackedWeight(buf[a:b], p)
             self.w = ember.from_numpy(buf)
+            if packed:
+                self.w._data = PackedWeight(buf)  # (set directly: wrapping would unpack it)
             dt = buf.dtype
         if any(lin.bias is not None for lin in layers):
             parts = []

@@ -11,7 +11,9 @@ reads those files and runs the same stages:
     model.similarity(emb, emb)                          # cosine similarities
 
 Sentences are tokenized without padding and packed (``BertModel.forward_packed``): no work is
-spent on padding, so results do not depend on how sentences are grouped into batches.
+spent on padding, so results do not depend on how sentences are grouped into batches. The
+encoder is loaded through ``optimize_for_inference`` (q/k/v stacked, weights packed for the
+GEMM kernels): ``SentenceTransformer`` is for inference; train a ``BertModel`` directly.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ class SentenceTransformer:
         tdir = root / stages["transformer"]
         if not (tdir / "config.json").is_file():
             raise FormatError(f"{tdir}: no config.json for the transformer stage")
-        self.model = BertModel.from_pretrained(tdir)
+        # inference only: stacked q/k/v and packed weights (ember.inference)
+        self.model = BertModel.from_pretrained(tdir).optimize_for_inference(inplace=True)
         st_cfg = _read_json(tdir / "sentence_bert_config.json", {})
         self.do_lower_case = bool(st_cfg.get("do_lower_case", False))
         cfg = self.model.config

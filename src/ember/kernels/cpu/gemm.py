@@ -421,7 +421,7 @@ def panel_width() -> int | None:
     return st["nr"] if st["isa"] is not None else None
 
 
-def _check(a, rowoff, tapoff, kc, packed, bias, res, out, nr) -> None:
+def _check(a, rowoff, tapoff, kc, packed, bias, res, out, nr, span=None) -> None:
     """The kernels follow raw pointers: refuse anything that would take them out of bounds."""
     arrays = {"a": a, "packed": packed, "bias": bias, "out": out, "res": res}
     for name, x in arrays.items():
@@ -437,7 +437,11 @@ def _check(a, rowoff, tapoff, kc, packed, bias, res, out, nr) -> None:
         raise ShapeError(f"sgemm: out {out.shape} does not fit the weight, bias or row offsets")
     if res is not None and res.shape != out.shape:
         raise ShapeError(f"sgemm: residual {res.shape} is not the output's {out.shape}")
-    if m and (rowoff.min() + tapoff.min() < 0 or rowoff.max() + tapoff.max() + kc > a.size):
+    if not m:
+        return
+    if span is None:
+        span = (rowoff.min() + tapoff.min(), rowoff.max() + tapoff.max())
+    if span[0] < 0 or span[1] + kc > a.size:
         raise ShapeError(f"sgemm: offsets reach outside the input ({a.size} floats)")
 
 
@@ -456,18 +460,19 @@ CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays 
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
 
-def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out) -> np.ndarray:
+def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None) -> np.ndarray:
     """out (M, O) = act(sum_t A_t @ W_t + bias [+ res]) on the packed weight (see module doc).
 
     a: 1-D float32 (the padded NHWC input, or rows of features); rowoff (M,) and tapoff (T,)
-    int64 element offsets; packed from ``pack_weight``; res (M, O) or None; act 0/1/2.
+    int64 element offsets; packed from ``pack_weight``; res (M, O) or None; act 0/1/2. span:
+    the (lowest, highest) row + tap offset when the caller knows it (else computed here).
     """
     from ember.threads import get_num_threads
 
     st = _state()
     m, o = out.shape
     threads = max(1, get_num_threads())
-    _check(a, rowoff, tapoff, kc, packed, bias, res, out, st["nr"])
+    _check(a, rowoff, tapoff, kc, packed, bias, res, out, st["nr"], span)
     if m == 0:
         return out
     panels, mr = packed.shape[0], st["mr"]
@@ -499,8 +504,8 @@ class PackedWeight(np.ndarray):
     here and in kernels.cpu.conv) apply when they are given one with panels.
 
     Arrays derived from it (views, slices, results) are plain weights again (``panels`` None),
-    and writing into it (``w[...] = v``, an in-place ufunc) drops its panels, so a stale packing
-    is never used; pickling stores the plain weight.
+    and writing into it (``w[...] = v``, an in-place ufunc, ``np.copyto``, an ``out=``) drops
+    its panels, so a stale packing is never used; pickling stores the plain weight.
     """
 
     panels: np.ndarray | None
@@ -535,6 +540,13 @@ class PackedWeight(np.ndarray):
         self.panels = None
         self.view(np.ndarray)[key] = value
 
+    def __array_function__(self, func, types, args, kwargs):
+        dst = args[0] if func in _WRITES_FIRST and args else kwargs.get("out")
+        for o in dst if isinstance(dst, tuple) else (dst,):
+            if isinstance(o, PackedWeight):
+                o.panels = None  # np.copyto(w, v), np.clip(..., out=w): written in place
+        return super().__array_function__(func, types, args, kwargs)
+
     def copy(self, order="C") -> PackedWeight:
         """A copy, panels included."""
         p = self.panels
@@ -545,6 +557,9 @@ class PackedWeight(np.ndarray):
 
     def __reduce__(self):
         return np.ndarray.__reduce__(self.view(np.ndarray))
+
+
+_WRITES_FIRST = (np.copyto, np.put, np.place, np.putmask, np.fill_diagonal, np.put_along_axis)
 
 
 def _matrix(w: np.ndarray) -> np.ndarray:
@@ -596,7 +611,7 @@ def linear_packed(x: np.ndarray, w: PackedWeight, b: np.ndarray | None = None) -
         rows = _ROWS[m, k] = np.arange(m, dtype=np.int64) * k
     bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b)
     out = np.empty((m, o), np.float32)
-    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, None, 0, out)
+    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, None, 0, out, (0, (m - 1) * k))
     return out.reshape(*lead, o)
 
 
