@@ -30,7 +30,8 @@ and blocks K so that the panel rows in use stay in L1 (see its docstring).
 
 Behind ops: a weight packed once is a ``PackedWeight`` (an ndarray with the weight's values that
 carries its panels; ember.inference.pack makes them), and the ops pick the GEMM by that weight
-type: ``linear_packed`` here is the ``linear`` op's kernel, kernels.cpu.conv has those of
+type: ``linear_packed`` here is the ``linear`` op's kernel (up to ``LINEAR_MAX_ROWS`` rows;
+taller products go to OpenBLAS), kernels.cpu.conv has those of
 ``conv2d`` and ``fused_conv2d`` (the implicit GEMM over NHWC input).
 
 Every entry point has a numpy reference (``gemm_reference``, ``linear_reference``) that tests
@@ -591,8 +592,20 @@ def linear_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) 
     return out if b is None else out + b
 
 
+# Above this many rows the linear op's numpy path (OpenBLAS) runs instead: there the product
+# is compute-bound and OpenBLAS's packed-A loop is faster than these strided-A tiles (measured
+# on MiniLM's shapes, 384x384..1536, 2 threads: 1.2-1.7x faster than OpenBLAS up to 128 rows of
+# cold weights, 1.5-2x slower from 256 rows on); below it, reading the weight once wins.
+LINEAR_MAX_ROWS = 128
+
+
 def _linear_applies(x, w, b=None) -> bool:
-    return packed_panels(w) is not None and w.ndim == 2 and x.ndim >= 1
+    return (
+        packed_panels(w) is not None
+        and w.ndim == 2
+        and x.ndim >= 1
+        and x.size <= LINEAR_MAX_ROWS * w.shape[1]
+    )
 
 
 @register(
