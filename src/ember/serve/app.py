@@ -5,19 +5,23 @@ a background thread (`GET /health` answers 503 until it is ready). Routes:
 
     POST /v1/chat/completions   POST /v1/completions   POST /v1/embeddings
     GET  /v1/models             GET  /v1/models/{id}   GET  /health   GET /metrics
-    POST /tokenize              POST /detokenize
+    POST /tokenize              POST /detokenize       GET  /  (the chat page)
 
 With API keys set, every /v1 route and /tokenize, /detokenize need `Authorization: Bearer KEY`
-(checked before the body is read); /health and /metrics stay open, as in vLLM.
+(checked before the body is read); /health, /metrics and the chat page stay open, as in vLLM.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import functools
+import hashlib
 import hmac
+import importlib.resources
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +33,7 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ember.serve.completions import EventStream, collect, submit
@@ -311,6 +315,37 @@ async def metrics(request: Request) -> Any:
     )
 
 
+@functools.cache
+def _chat_page() -> tuple[str, str]:
+    """static/chat.html and its Content-Security-Policy (its inline script and style by hash)."""
+    page = importlib.resources.files("ember.serve").joinpath("static", "chat.html")
+    html = page.read_text(encoding="utf-8")
+
+    def hashes(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)
+        digests = (hashlib.sha256(b.encode("utf-8")).digest() for b in bodies)
+        return " ".join(f"'sha256-{base64.b64encode(d).decode()}'" for d in digests)
+
+    csp = (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+    return html, csp
+
+
+async def chat_page(request: Request) -> Any:
+    """GET /: the chat page (no data in it, so no API key needed)."""
+    html, csp = _chat_page()
+    headers = {
+        "Content-Security-Policy": csp,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
+    return HTMLResponse(html, headers=headers)
+
+
 @_endpoint
 async def tokenize(request: Request) -> Any:
     """POST /tokenize: {"prompt": str} or {"messages": [...]} -> token ids (vLLM's shape)."""
@@ -367,6 +402,7 @@ class Guard:
 
     ENDPOINTS = frozenset(
         (
+            "/",
             "/v1/chat/completions",
             "/v1/completions",
             "/v1/embeddings",
@@ -502,6 +538,7 @@ def create_app(
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/", chat_page, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
