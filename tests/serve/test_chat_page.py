@@ -208,3 +208,20 @@ def test_stop_ends_the_stream_and_frees_the_slot(page, server, tmp_path):
     shot = tmp_path / "chat_page_stopped.png"
     pg.screenshot(path=str(shot), full_page=True)
     print(f"\nchat page screenshot: {shot}")
+
+
+def test_no_key_field_without_keys(browser, tmp_path_factory):
+    from tests.serve.conftest import start_server
+
+    s = start_server(tmp_path_factory, "--max-running", "1")
+    try:
+        context = browser.new_context()
+        pg = context.new_page()
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(s.url + "/")
+        pg.locator("#model option").first.wait_for(state="attached")
+        expect(pg.locator("#status")).to_have_text("ready")
+        assert pg.is_hidden("#key-row")
+        context.close()
+    finally:
+        s.stop()
