@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from ember.serve.engine import Engine, QueueFull, RequestHandle, SequenceSpec, ShuttingDown
-from ember.serve.protocol import APIError, GenerationRequest
+from ember.serve.protocol import APIError, GenerationRequest, bad
+from ember.serve.structured import GrammarError
 
 # finish reasons the engine reports that end a request with an error instead of a result
 _ERRORS = {
@@ -40,10 +41,13 @@ def submit(engine: Engine, req: GenerationRequest, metrics: Any) -> RequestHandl
                     req.logprobs,
                     i * req.n + j,
                     req.ignore_eos,
+                    req.grammar,
                 )
             )
     try:
         handle = engine.submit(specs)
+    except GrammarError as e:  # the schema compiled, but not against this model's tokenizer
+        raise bad(str(e), "response_format") from e
     except QueueFull as e:
         raise APIError(
             429,

@@ -15,6 +15,10 @@ the worker thread runs steps. Each step it
 5. samples, detokenizes and checks stop tokens and strings per sequence, pushes the new text to
    its request's queue (`loop.call_soon_threadsafe`) and removes finished sequences at once.
 
+A sequence with a grammar (structured output, `ember.serve.structured`) has its logits masked
+to the tokens the grammar allows before sampling, its matcher advanced after, and it ends with
+"stop" the moment the grammar is complete.
+
 `StepRunner.step` is where the batched forward goes: today it runs the sequences one after
 another through the model's single-sequence forward, each with its own `ember.nn.KVCache`.
 """
@@ -141,6 +145,7 @@ class SequenceSpec:
     logprobs: int | None = None
     index: int = 0
     ignore_eos: bool = False  # run to max_tokens (benchmarks; vLLM's extension)
+    grammar: str | None = None  # llguidance grammar the output must follow (structured output)
 
 
 class Sequence:
@@ -148,8 +153,11 @@ class Sequence:
 
     _ids = itertools.count()
 
-    def __init__(self, spec: SequenceSpec, handle: RequestHandle, tokenizer: Any) -> None:
+    def __init__(
+        self, spec: SequenceSpec, handle: RequestHandle, tokenizer: Any, matcher: Any = None
+    ) -> None:
         """A sequence of `handle`'s request (not yet admitted: no cache)."""
+        self.matcher = matcher  # a structured.Matcher when the output follows a grammar
         self.id = next(Sequence._ids)
         self.spec = spec
         self.handle = handle
@@ -239,6 +247,7 @@ class Engine:
         self._draining_until: float | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._grammar_table: Any = None
 
     # --- called from the event loop ---
 
@@ -265,7 +274,7 @@ class Engine:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         handle = RequestHandle(loop, deadline)
         handle._engine = self
-        handle.seqs = [Sequence(s, handle, self.tokenizer) for s in specs]
+        handle.seqs = [Sequence(s, handle, self.tokenizer, self._matcher(s)) for s in specs]
         with self._cond:
             if self._draining_until is not None or self._stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -276,6 +285,20 @@ class Engine:
             self._waiting.extend(handle.seqs)
             self._cond.notify()
         return handle
+
+    def _matcher(self, spec: SequenceSpec) -> Any:
+        """A grammar matcher for spec (None without a grammar); raises structured.GrammarError."""
+        if spec.grammar is None:
+            return None
+        from ember.serve import structured
+
+        if self._grammar_table is None:  # once per engine: the tokenizer as llguidance sees it
+            config = getattr(getattr(self.runner, "model", None), "config", None)
+            n_vocab = getattr(config, "vocab_size", None) or self.tokenizer.vocab_size
+            self._grammar_table = structured.token_table(
+                self.tokenizer, n_vocab, self.stop_token_ids
+            )
+        return structured.Matcher(self._grammar_table, spec.grammar)
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run fn() on the engine thread between two steps; a future of its result."""
@@ -413,7 +436,16 @@ class Engine:
     def _advance(self, seq: Sequence, row: np.ndarray, now: float) -> None:
         """Sample one token for seq from its logits row, stream its text, finish if done."""
         spec = seq.spec
-        tok = seq.sampler(row, np.asarray(seq.history) if seq.needs_history else None)
+        # the grammar's mask comes first, so penalties, temperature and top-k/p only ever see
+        # allowed tokens; logprobs stay those of the raw row
+        logits = row if seq.matcher is None else seq.matcher.mask(row)
+        tok = seq.sampler(logits, np.asarray(seq.history) if seq.needs_history else None)
+        try:
+            complete = seq.matcher is not None and seq.matcher.advance(tok)
+        except EmberError:  # the grammar refused what its own mask allowed: end this one only
+            log.exception("structured output: the grammar failed")
+            self._finish(seq, "error")
+            return
         info = TokenInfo(tok)
         if spec.logprobs is not None:
             info.logprob, info.top = token_logprobs(row, tok, spec.logprobs)
@@ -437,6 +469,9 @@ class Engine:
             return
         if self._emit(seq, seq.decoder.put(tok), final=False):
             self._finish(seq, "stop")
+        elif complete:  # the JSON is whole: nothing but EOS may follow
+            self._emit(seq, seq.decoder.flush(), final=True)
+            self._finish(seq, "stop")
         elif len(seq.generated) >= spec.max_tokens:
             self._emit(seq, seq.decoder.flush(), final=True)
             self._finish(seq, "length")
@@ -457,7 +492,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, running: bool = True) -> None:
         if running and seq in self._running:
             self._running.remove(seq)
-        seq.cache = None
+        seq.cache = seq.matcher = None
         if reason == "cancelled":
             return
         if seq.pending and reason in ("abort", "timeout", "error"):

@@ -103,6 +103,7 @@ class GenerationRequest:
     include_usage: bool
     model: str
     ignore_eos: bool = False
+    grammar: str | None = None  # llguidance grammar from response_format (structured output)
 
 
 # --- field readers ---------------------------------------------------------------------------
@@ -186,15 +187,48 @@ def _unsupported(body: dict, names: Sequence[str]) -> None:
         v = body.get(name)
         if v not in (None, False, [], {}):
             raise bad(f"'{name}' is not supported by this server", name, "unsupported")
+
+
+def response_format(body: dict) -> str | None:
+    """The llguidance grammar that `response_format` asks for (None: free text)."""
     rf = body.get("response_format")
-    if rf is not None:
-        if not isinstance(rf, dict) or rf.get("type") not in ("text",):
+    param = "response_format"
+    if rf is None:
+        return None
+    if not isinstance(rf, dict):
+        raise bad("'response_format' must be an object such as {'type': 'json_object'}", param)
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    schema = None
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
             raise bad(
-                "'response_format' other than {'type': 'text'} (structured output) is not "
-                "supported yet",
-                "response_format",
-                "unsupported",
+                "'response_format.json_schema' must be an object with 'name' and 'schema'", param
             )
+        if not isinstance(js.get("name"), str) or not js["name"]:
+            raise bad("'response_format.json_schema.name' must be a non-empty string", param)
+        if js.get("strict") is not None and not isinstance(js["strict"], bool):
+            raise bad("'response_format.json_schema.strict' must be a boolean", param)
+        schema = js.get("schema")
+        if not isinstance(schema, dict):
+            got = "nothing" if schema is None else type(schema).__name__
+            raise bad(
+                f"'response_format.json_schema.schema' must be a JSON Schema object, got {got}",
+                param,
+            )
+    elif kind != "json_object":
+        raise bad(
+            f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+            param,
+        )
+    from ember.serve.structured import GrammarError, grammar_for
+
+    try:
+        return grammar_for(kind, schema)
+    except GrammarError as e:
+        raise bad(str(e), param) from e
 
 
 def _max_tokens(body: dict, prompt_len: int, limits: ModelLimits, param_prompt: str) -> int:
@@ -314,6 +348,7 @@ def parse_chat(body: Any, limits: ModelLimits) -> GenerationRequest:
         include_usage=include_usage,
         model=model,
         ignore_eos=_get(body, "ignore_eos", bool, False),
+        grammar=response_format(body),
     )
 
 
@@ -375,4 +410,5 @@ def parse_completion(body: Any, limits: ModelLimits) -> GenerationRequest:
         include_usage=include_usage,
         model=model,
         ignore_eos=_get(body, "ignore_eos", bool, False),
+        grammar=response_format(body),
     )
