@@ -58,7 +58,7 @@ def _metric(http, name: str) -> float:
         ({"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
         ({"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
         ({"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-        ({"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"messages": MSG, "response_format": {"type": "xml"}}, 400, "response_format"),
         ({"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
         ([1, 2], 400, None),
     ],
