@@ -60,6 +60,76 @@ def test_cached_attention_kernel(path, monkeypatch):
     check_kernel(k, cases=[_case(s) for s in SETUPS], rtol=1e-5, atol=1e-5)
 
 
+def _rows_case(t, pasts, rows, window=None, padded=False, seed=3, d=8, hq=6, hk=2, max_len=24):
+    """A batched step: batch row b is cache row rows[b], with its own past length pasts[b]."""
+    rng = np.random.default_rng(seed)
+    b = len(pasts)
+    q = _f32(rng, b, t, hq, d)
+    k, v = _f32(rng, b, t, hk, d), _f32(rng, b, t, hk, d)
+    slots = max(rows) + 2
+    kc, vc = _f32(rng, slots, hk, max_len, d), _f32(rng, slots, hk, max_len, d)
+    for i, (r, p) in enumerate(zip(rows, pasts)):
+        kc[r, :, p : p + t], vc[r, :, p : p + t] = k[i].swapaxes(0, 1), v[i].swapaxes(0, 1)
+    n = max(pasts) + t
+    pad = _pad(rng, b, n, empty_row=False) if padded else None
+    kw = dict(kc=kc, vc=vc, n_keys=n, past=np.array(pasts), window=window, pad=pad, scale=0.3,
+              softcap=None, rows=np.array(rows))  # fmt: skip
+    return (q, k, v), kw
+
+
+ROW_SETUPS = [(1, [5, 0, 11], [2, 0, 4]), (2, [3, 7], [1, 0]), (4, [0, 9], [0, 3])]
+
+
+@pytest.mark.parametrize("path", ["rows", "parallel", "blocked"])
+def test_per_row_positions_equal_each_row_alone(path, monkeypatch):
+    """A batched step over cache rows (one past length each) is, row by row, bitwise the step
+    that row would take alone; kernel and reference agree, with windows and padding too."""
+    monkeypatch.setattr(ca, "PARALLEL_WORK", 0 if path == "parallel" else 1 << 60)
+    if path == "blocked":
+        monkeypatch.setattr(ca, "BLOCKED_MIN_QUERIES", 1)
+    (kern,) = registry.kernels("cached_attention")
+    cases = [_rows_case(t, p, r, w, pd) for t, p, r in ROW_SETUPS for w in (None, 3)
+             for pd in (False, True)]  # fmt: skip
+    check_kernel(kern, cases=cases, rtol=1e-5, atol=1e-5)
+    for (q, k, v), kw in cases:
+        got = kern(q, k, v, **kw)
+        for b, (r, p) in enumerate(zip(kw["rows"], kw["past"])):
+            one = dict(kw, kc=kw["kc"][r : r + 1], vc=kw["vc"][r : r + 1], rows=None,
+                       n_keys=int(p) + q.shape[1], past=int(p),
+                       pad=None if kw["pad"] is None else kw["pad"][b : b + 1])  # fmt: skip
+            alone = kern(q[b : b + 1], k[b : b + 1], v[b : b + 1], **one)
+            if path != "blocked":  # BLAS blocks may sum the longer key range in another order
+                np.testing.assert_array_equal(got[b], alone[0])
+            np.testing.assert_allclose(got[b], alone[0], rtol=1e-6, atol=1e-6)
+
+
+def test_per_row_positions_through_the_op_and_its_numpy_path():
+    """F.cached_attention over BatchKVCache rows: the kernel and the op's own numpy forward
+    (taken while a graph is recorded) agree; there is no gradient through such a step."""
+    from ember.errors import UnsupportedError
+    from ember.nn import BatchKVCache
+
+    rng = np.random.default_rng(5)
+    cache = BatchKVCache(1, 4, 2, 16, 8)
+    cache.lengths[:] = [3, 0, 6, 1]
+    for a in (cache.k[0], cache.v[0]):
+        a[...] = _f32(rng, *a.shape)
+    q = _f32(rng, 3, 2, 4, 8)
+    k, v = _f32(rng, 3, 2, 2, 8), _f32(rng, 3, 2, 2, 8)
+    outs = []
+    for grad in (False, True):
+        c = BatchKVCache(1, 4, 2, 16, 8)
+        c.lengths[:], c.k[0][...], c.v[0][...] = cache.lengths, cache.k[0], cache.v[0]
+        rows = c.rows([2, 0, 3])
+        qt = ember.from_numpy(q).requires_grad_(grad)
+        mask = CausalMask(2, rows.pos, None, None)
+        out = F.cached_attention(qt, ember.from_numpy(k), ember.from_numpy(v), mask, rows, 0)
+        outs.append(out.detach().numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedError):
+        out.sum().backward()
+
+
 def test_kernel_hostile_operands():
     """A NaN query row stays NaN in that row only; huge scores stay finite after the softmax."""
     (args, kw) = _case((3, 2, None, False, 4, 2, None, True))

@@ -441,6 +441,8 @@ class DecoderForCausalLM(nn.Module):
         t = ids.shape[1]
         past = cache.pos if cache is not None else 0
         if cache is not None and spec.rope_long_inv_freq is not None:
+            if np.ndim(past):
+                raise UnsupportedError("longrope models decode one sequence per cache")
             ids = self._longrope_ids(ids, cache)
             if ids.shape[1] != t:  # crossing into the long factors: recompute from position 0
                 cache.reset()
@@ -551,6 +553,13 @@ def positions(ids: ember.Tensor, past: int, attention_mask=None, position_ids=No
     """
     b, t = ids.shape
     pad = None if attention_mask is None else np.asarray(attention_mask, bool).reshape(b, -1)
+    if np.ndim(past):  # a batched step (BatchKVCache rows): each row at its own position
+        if pad is not None or position_ids is not None:
+            raise UnsupportedError(
+                "a batched step over cache rows takes no attention_mask or position_ids "
+                "(each row's positions follow its own length)"
+            )
+        return None, np.asarray(past).reshape(b, 1) + np.arange(t)
     if position_ids is not None:
         pos = np.asarray(position_ids)
         return pad, np.broadcast_to(pos.reshape(-1, t), (b, t))

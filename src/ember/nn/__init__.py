@@ -7,7 +7,7 @@ from ember.nn.hooks import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
 )
-from ember.nn.kv_cache import CausalMask, KVCache
+from ember.nn.kv_cache import BatchKVCache, CausalMask, KVCache, KVCacheRows
 from ember.nn.layers import *  # noqa: F403
 from ember.nn.layers import __all__ as _layers_all
 from ember.nn.module import Module
@@ -26,6 +26,8 @@ __all__ = [
     "RemovableHandle",
     "StateDictError",
     "KVCache",
+    "BatchKVCache",
+    "KVCacheRows",
     "CausalMask",
     "register_module_forward_hook",
     "register_module_forward_pre_hook",

@@ -4,7 +4,8 @@
 writes the new positions' keys and values at ``pos`` and the model advances ``pos`` after its
 last layer. ``CausalMask`` says which cached and new keys each new query may see (causal order,
 an optional sliding window, left padding) without building a dense mask unless asked.
-Attention over the cache is the op ``ember.nn.functional.cached_attention``.
+Attention over the cache is the op ``ember.nn.functional.cached_attention``. ``BatchKVCache``
+holds many independent sequences, one row each with its own length, for batched decoding.
 """
 
 from __future__ import annotations
@@ -76,10 +77,105 @@ class KVCache:
         self.pos = min(self.pos, length)
 
 
+class BatchKVCache:
+    """The KV caches of many independent sequences: one row (a slot) per sequence, each row with
+    its own length, in one (slots, kv_heads, max_len, head_dim) buffer pair per layer.
+
+    A server keeps one and gives each running sequence a slot; a forward runs on the cache of
+    some of its rows, ``cache.rows(slots)``, which a model uses as it uses a ``KVCache`` (its
+    ``pos`` is then one position per row). Row b of such a step computes exactly what that
+    sequence alone, with its own ``KVCache``, would (same keys, same order).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        slots: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype=np.float32,
+    ) -> None:
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.k = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        self.v = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.lengths = np.zeros(slots, np.int64)
+
+    @property
+    def slots(self) -> int:
+        """How many sequences it holds."""
+        return len(self.lengths)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all buffers."""
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def rows(self, slots) -> KVCacheRows:
+        """The cache of a forward over these slots (batch row b is slot ``slots[b]``)."""
+        rows = np.asarray(slots, np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.slots):
+            raise ShapeError(f"BatchKVCache: slots {rows.tolist()} outside 0..{self.slots - 1}")
+        if len(np.unique(rows)) != rows.size:
+            raise ShapeError(f"BatchKVCache: slot listed twice in {rows.tolist()}")
+        return KVCacheRows(self, rows)
+
+    def reset(self, slot: int) -> None:
+        """Forget a slot's sequence (its buffers are reused)."""
+        self.lengths[slot] = 0
+
+    def crop(self, slot: int, length: int) -> None:
+        """Keep only a slot's first length positions."""
+        self.lengths[slot] = min(int(self.lengths[slot]), length)
+
+    def copy(self, src: int, dst: int, length: int | None = None) -> None:
+        """Slot dst takes slot src's first length positions (all of them when None)."""
+        n = int(self.lengths[src]) if length is None else min(length, int(self.lengths[src]))
+        for a in (*self.k, *self.v):
+            a[dst, :, :n] = a[src, :, :n]
+        self.lengths[dst] = n
+
+
+class KVCacheRows:
+    """Some rows of a ``BatchKVCache``, as one forward sees them (see ``BatchKVCache.rows``)."""
+
+    def __init__(self, cache: BatchKVCache, rows: np.ndarray) -> None:
+        self.cache, self.rows = cache, rows
+        self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
+
+    @property
+    def pos(self) -> np.ndarray:
+        """Each row's length so far (the position of its next token)."""
+        return self.cache.lengths[self.rows]
+
+    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Store token-major k, v (rows, T, kv_heads, head_dim) at each row's own position;
+        return the key count a step must look at (the longest row's, after)."""
+        t = k.shape[1]
+        pos = self.pos
+        if k.shape[0] != len(self.rows):
+            raise ShapeError(f"KV cache: {k.shape[0]} batch rows for {len(self.rows)} slots")
+        if pos.size and pos.max() + t > self.max_len:
+            raise ShapeError(
+                f"KV cache overflow: {int(pos.max()) + t} positions needed, the cache holds "
+                f"{self.max_len}"
+            )
+        kb, vb = self.k[layer], self.v[layer]
+        for b, (r, p) in enumerate(zip(self.rows.tolist(), pos.tolist())):
+            kb[r, :, p : p + t] = k[b].transpose(1, 0, 2)
+            vb[r, :, p : p + t] = v[b].transpose(1, 0, 2)
+        return int(pos.max(initial=0)) + t
+
+    def advance(self, t: int) -> None:
+        """Move each row past the t positions the last forward wrote."""
+        self.cache.lengths[self.rows] += t
+
+
 class CausalMask:
     """Which keys the t new queries (after ``past`` cached positions) may see.
 
-    Query i sits at slot past + i and sees slots up to its own, only the last ``window`` of them
+    Query i sits at slot past + i (past: an int, or one per batch row) and sees slots up to its own, only the last ``window`` of them
     when a window is set, and never a slot where ``pad`` (batch, >= past + t) is False. A query
     that would see nothing (a padding row) sees every slot instead, so its output stays finite.
     """
@@ -104,21 +200,23 @@ class CausalMask:
 
     def _build(self) -> Tensor | None:
         t, past, pad, window = self.t, self.past, self.pad, self.window
-        s = past + t
-        if t == 1 and pad is None and (window is None or s <= window):
+        per_row = np.ndim(past) > 0  # a batched step: one position per row
+        s = int(np.max(past, initial=0)) + t
+        if t == 1 and pad is None and not per_row and (window is None or s <= window):
             return None
+        rows = len(pad) if pad is not None else (len(past) if per_row else 1)
         if self.device is META:
-            return Tensor._wrap(meta_array((1 if pad is None else len(pad), 1, t, s), bool), META)
-        qpos = np.arange(past, s)[:, None]
-        kpos = np.arange(s)[None, :]
+            return Tensor._wrap(meta_array((rows, 1, t, s), bool), META)
+        qpos = np.reshape(past, (-1, 1, 1)) + np.arange(t)[None, :, None]
+        kpos = np.arange(s)[None, None, :]
         allowed = kpos <= qpos
         if window is not None:
             allowed &= kpos > qpos - window
-        allowed = allowed[None, None]
+        allowed = allowed[:, None]
         if pad is not None:
             allowed = allowed & pad[:, None, None, :s]
             allowed = allowed | ~allowed.any(-1, keepdims=True)  # padded rows attend anywhere
         return Tensor._wrap(allowed, self.device)
 
 
-__all__ = ["KVCache", "CausalMask"]
+__all__ = ["KVCache", "BatchKVCache", "KVCacheRows", "CausalMask"]

@@ -34,7 +34,9 @@ _NO_PAD = np.ones((1, 1), np.bool_)  # the pad argument when there is none (neve
 prange = range  # numba.prange once numba is loaded (see _kernel)
 
 
-def _rows_py(q, kb, vb, n_keys, past, window, pad, has_pad, scale, cap, out):  # pragma: no cover
+def _rows_py(
+    q, kb, vb, rows, n_keys, past, window, pad, has_pad, scale, cap, out
+):  # pragma: no cover
     nb_, nt, hq, d = q.shape
     hk = kb.shape[1]
     rep = hq // hk
@@ -45,7 +47,8 @@ def _rows_py(q, kb, vb, n_keys, past, window, pad, has_pad, scale, cap, out):  #
         i = r2 // 2 if r2 % 2 == 0 else nt - 1 - r2 // 2
         bg = item // nt
         b, g = bg // hk, bg % hk
-        qpos = past + i
+        c = rows[b]  # the cache row of batch row b
+        qpos = past[b] + i
         lo = max(0, qpos - window + 1) if window > 0 else 0
         hi = min(qpos + 1, n_keys)
         qh = np.empty((rep, d), np.float32)
@@ -56,7 +59,7 @@ def _rows_py(q, kb, vb, n_keys, past, window, pad, has_pad, scale, cap, out):  #
         full = False
         while True:
             for j in range(lo, hi):
-                kj = kb[b, g, j]
+                kj = kb[c, g, j]
                 for r in range(rep):
                     acc = np.float32(0.0)
                     for e in range(d):
@@ -89,7 +92,7 @@ def _rows_py(q, kb, vb, n_keys, past, window, pad, has_pad, scale, cap, out):  #
             den[r] = np.float32(1.0) / acc
         o = np.zeros((rep, d), np.float32)
         for j in range(lo, hi):
-            vj = vb[b, g, j]
+            vj = vb[c, g, j]
             for r in range(rep):
                 p = s[r, j]
                 for e in range(d):
@@ -111,10 +114,11 @@ def _kernel(parallel: bool):
     return _K[parallel]
 
 
-def allowed_keys(nb: int, nt: int, n_keys: int, past: int, window: int, pad) -> np.ndarray:
-    """Bool (B, T, n_keys): query i (at position past + i) may see key j; no key -> all keys."""
-    qpos = np.arange(past, past + nt)[:, None]
-    kpos = np.arange(n_keys)[None, :]
+def allowed_keys(nb: int, nt: int, n_keys: int, past, window: int, pad) -> np.ndarray:
+    """Bool (B, T, n_keys): query i of row b (at position past[b] + i; past an int or (B,)) may
+    see key j; a query that may see no key sees all keys."""
+    qpos = np.reshape(past, (-1, 1, 1)) + np.arange(nt)[None, :, None]
+    kpos = np.arange(n_keys)[None, None, :]
     ok = kpos <= qpos
     if window > 0:
         ok &= kpos > qpos - window
@@ -122,6 +126,13 @@ def allowed_keys(nb: int, nt: int, n_keys: int, past: int, window: int, pad) -> 
     if pad is not None:
         ok = ok & pad[:, None, :n_keys]
     return ok | ~ok.any(-1, keepdims=True)
+
+
+def _rows_of(nb: int, past, rows) -> tuple[np.ndarray, np.ndarray]:
+    """(past, rows) as (B,) int64 arrays: each batch row's position and its cache row."""
+    pa = np.ascontiguousarray(np.broadcast_to(np.asarray(past, np.int64), (nb,)))
+    ra = np.arange(nb, dtype=np.int64) if rows is None else np.ascontiguousarray(rows, np.int64)
+    return pa, ra
 
 
 def _buffers(k, v, kc, vc):
@@ -135,11 +146,13 @@ def _buffers(k, v, kc, vc):
 
 
 def cached_attention_reference(
-    q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap
+    q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None
 ) -> np.ndarray:
     """softmax(cap(q k^T * scale)) v per head over keys [0, n_keys) of the cache; (B, T, Hq * D)."""
     nb, nt, hq, d = q.shape
     kb, vb = _buffers(k, v, kc, vc)
+    if rows is not None:
+        kb, vb = kb[rows], vb[rows]
     hk = kb.shape[1]
     rep = hq // hk
     kf = np.repeat(kb[:, :, :n_keys], rep, axis=1).astype(_F32)  # (B, Hq, S, D)
@@ -155,7 +168,7 @@ def cached_attention_reference(
     return np.ascontiguousarray(o.reshape(nb, nt, hq * d), dtype=_F32)
 
 
-def _blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale: float, cap: float):
+def _blocked(q, kb, vb, rows, n_keys: int, past, window: int, pad, scale: float, cap: float):
     """Many queries: blocks of query rows per key/value head, two BLAS products each; only a
     (rows * group, keys) score block per thread exists at a time."""
     from ember.kernels.cpu.tiles import run_tiles, scratch
@@ -164,23 +177,24 @@ def _blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale: float, 
     hk = kb.shape[1]
     rep = hq // hk
     out = np.empty((nb, nt, hq, d), _F32)
-    rows = max(1, min(BLOCK_ROWS, BLOCK_SCORES // max(1, rep * n_keys)))
-    nblocks = -(-nt // rows)
+    step = max(1, min(BLOCK_ROWS, BLOCK_SCORES // max(1, rep * n_keys)))
+    nblocks = -(-nt // step)
 
     def block(i: int) -> None:
         b, rest = divmod(i, nblocks * hk)
         r0, g = divmod(rest, hk)
-        r0 *= rows
-        r1 = min(nt, r0 + rows)
+        r0 *= step
+        r1 = min(nt, r0 + step)
+        pb_, c = int(past[b]), rows[b]
         k0, k1 = 0, n_keys  # the keys this block's rows may see
         if pad is None:
-            k0 = max(0, past + r0 - window + 1) if window > 0 else 0
-            k1 = min(n_keys, past + r1)
+            k0 = max(0, pb_ + r0 - window + 1) if window > 0 else 0
+            k1 = min(n_keys, pb_ + r1)
         pb = None if pad is None else pad[b : b + 1]
-        ok = allowed_keys(1, r1 - r0, n_keys, past + r0, window, pb)[0, :, k0:k1]
+        ok = allowed_keys(1, r1 - r0, n_keys, pb_ + r0, window, pb)[0, :, k0:k1]
         qg = q[b, r0:r1, g * rep : (g + 1) * rep].reshape((r1 - r0) * rep, d)
         s = scratch(((r1 - r0) * rep, k1 - k0))
-        np.matmul(qg, kb[b, g, k0:k1].T, out=s)
+        np.matmul(qg, kb[c, g, k0:k1].T, out=s)
         s3 = s.reshape(r1 - r0, rep, k1 - k0)
         s3 *= _F32(scale)
         if cap > 0:
@@ -191,14 +205,14 @@ def _blocked(q, kb, vb, n_keys: int, past: int, window: int, pad, scale: float, 
         s3 -= s3.max(-1, keepdims=True)
         np.exp(s3, out=s3)
         s3 /= s3.sum(-1, keepdims=True)
-        o = np.matmul(s, vb[b, g, k0:k1])
+        o = np.matmul(s, vb[c, g, k0:k1])
         out[b, r0:r1, g * rep : (g + 1) * rep] = o.reshape(r1 - r0, rep, d)
 
     run_tiles(block, nb * nblocks * hk)
     return out.reshape(nb, nt, hq * d)
 
 
-def _when(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap) -> bool:
+def _when(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None) -> bool:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[2] % k.shape[2]:
         return False
     if kc is None:
@@ -212,11 +226,15 @@ def _when(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap) -> bool
     when=_when,
     available=have_numba,
 )
-def cached_attention(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap) -> np.ndarray:
+def cached_attention(
+    q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None
+) -> np.ndarray:
     """Causal attention of q (B, T, Hq, D) at positions past.. over cache keys [0, n_keys).
 
     kc, vc: C-contiguous (B, Hk, max_len, D) buffers holding k, v at [n_keys - T, n_keys), or
-    None (the keys are k, v). window: keys within that many positions (None/0: all). pad: bool
+    None (the keys are k, v). past: an int, or one position per batch row (B,) (rows of a
+    batched decode, each with its own history: row b sees keys [0, past[b] + i]). rows: the
+    cache row of each batch row ((B,) ints; None: row b is cache row b). window: keys within that many positions (None/0: all). pad: bool
     (B, >= n_keys), False = a padding slot nobody sees, or None. A query that may see no key
     at all sees every key (a padding row's output is never used; this keeps it finite).
     softcap: scores become cap * tanh(score / cap) (None: as they are). Returns (B, T, Hq * D).
@@ -225,11 +243,12 @@ def cached_attention(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softc
     w = int(window or 0)
     cap = float(softcap or 0.0)
     nb, nt, hq, d = q.shape
+    pa, ra = _rows_of(nb, past, None if kc is None else rows)
     if nt >= BLOCKED_MIN_QUERIES:
-        return _blocked(q, kb, vb, n_keys, past, w, pad, scale, cap)
+        return _blocked(q, kb, vb, ra, n_keys, pa, w, pad, scale, cap)
     parallel = nt * n_keys * hq * d >= PARALLEL_WORK
     out = np.empty((nb, nt, hq * d), _F32)
     has_pad = pad is not None
     pad_arr = np.ascontiguousarray(pad, np.bool_) if has_pad else _NO_PAD
-    _kernel(parallel)(q, kb, vb, n_keys, past, w, pad_arr, has_pad, _F32(scale), _F32(cap), out)
+    _kernel(parallel)(q, kb, vb, ra, n_keys, pa, w, pad_arr, has_pad, _F32(scale), _F32(cap), out)
     return out

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ember.autograd import Function, unbroadcast
-from ember.errors import DTypeError, ShapeError
+from ember.errors import DTypeError, ShapeError, UnsupportedError
 from ember.nn.functional._util import up
 from ember.tensor import Tensor
 
@@ -370,10 +370,11 @@ __all__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
 # --- attention over a KV cache (decoders) ------------------------------------------------------
 
 
-def _allowed_keys(nb: int, nt: int, n_keys: int, past: int, window: int, pad) -> np.ndarray:
-    """Bool (B, T, n_keys): query i (at position past + i) may see key j; no key -> all keys."""
-    qpos = np.arange(past, past + nt)[:, None]
-    kpos = np.arange(n_keys)[None, :]
+def _allowed_keys(nb: int, nt: int, n_keys: int, past, window: int, pad) -> np.ndarray:
+    """Bool (B, T, n_keys): query i of row b (at position past[b] + i; past an int or (B,)) may
+    see key j; a query that may see no key sees all keys."""
+    qpos = np.reshape(past, (-1, 1, 1)) + np.arange(nt)[None, :, None]
+    kpos = np.arange(n_keys)[None, None, :]
     ok = kpos <= qpos
     if window > 0:
         ok &= kpos > qpos - window
@@ -400,7 +401,7 @@ class _CachedAttention(Function):
         b, t, hq, _ = q.shape
         return (b, t, hq * v.shape[-1]), q.dtype
 
-    def forward(self, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap):
+    def forward(self, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None):
         dt = q.dtype
         b, t, hq, d = q.shape
         hk = k.shape[2]
@@ -409,7 +410,13 @@ class _CachedAttention(Function):
         cd = qf.dtype
         kh = up(k).transpose(0, 2, 1, 3).astype(cd, copy=False)  # (b, hk, t, d)
         vh = up(v).transpose(0, 2, 1, 3).astype(cd, copy=False)
-        if kc is not None and n_keys > t:
+        self.per_row = np.ndim(past) > 0
+        if kc is not None and rows is not None:  # a batched step over some rows of the cache
+            kc, vc = kc[rows], vc[rows]
+        if kc is not None and self.per_row:  # each row's new keys sit at its own position
+            kh = up(kc[:, :, :n_keys]).astype(cd, copy=False)
+            vh = up(vc[:, :, :n_keys]).astype(cd, copy=False)
+        elif kc is not None and n_keys > t:
             kh = np.concatenate([up(kc[:, :, : n_keys - t]).astype(cd, copy=False), kh], axis=2)
             vh = np.concatenate([up(vc[:, :, : n_keys - t]).astype(cd, copy=False), vh], axis=2)
         n = kh.shape[2]
@@ -430,6 +437,10 @@ class _CachedAttention(Function):
         return o.reshape(b, hq, t, dv).transpose(0, 2, 1, 3).reshape(b, t, hq * dv).astype(dt)
 
     def backward(self, g):
+        if self.per_row:
+            raise UnsupportedError(
+                "cached_attention: no gradient through a batched step with one position per row"
+            )
         qg, kh, vh, p = self.qg, self.kh, self.vh, self.p
         b, hk, rep, t, d = qg.shape
         dv = vh.shape[-1]
@@ -468,7 +479,8 @@ def cached_attention(
     """Causal attention of token-major query (b, t, hq, d) over the cached and the new key/value.
 
     key, value: (b, t, hk, d), hq a multiple of hk (grouped-query attention); they are stored in
-    ``cache`` (an ``ember.nn.KVCache``) at its current position first. ``mask``: an
+    ``cache`` (an ``ember.nn.KVCache``, or ``BatchKVCache.rows(...)``: one position per row) at
+    its current position first. ``mask``: an
     ``ember.nn.CausalMask`` (positions, sliding window, left padding; None: causal from the
     cache's position). scale: None for d ** -0.5. softcap: scores become
     ``softcap * tanh(scores / softcap)`` before the softmax (Gemma 2). Returns (b, t, hq * d).
@@ -489,11 +501,12 @@ def cached_attention(
     window = mask.window if mask is not None else None
     pad = mask.pad if mask is not None else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    kc = vc = None
+    kc = vc = rows = None
     n_keys = t
     if cache is not None:
         n_keys = cache.store(layer, key._data, value._data)
         kc, vc = cache.k[layer], cache.v[layer]
+        rows = getattr(cache, "rows", None)  # a batched step over some rows (BatchKVCache)
     return _CachedAttention.apply(
         query,
         key,
@@ -506,6 +519,7 @@ def cached_attention(
         pad=pad,
         scale=scale,
         softcap=None if softcap is None else float(softcap),
+        rows=rows,
     )
 
 
