@@ -33,6 +33,9 @@ class FakeRunner:
         cache.max_len = max(cache.max_len, length)
         return cache
 
+    def release(self, cache: FakeCache) -> None:
+        cache.released = True
+
     def step(self, inputs: list[StepInput]) -> list[np.ndarray]:
         rows = []
         for inp in inputs:

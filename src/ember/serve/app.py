@@ -472,7 +472,7 @@ def _load_into(
     try:
         loaded = load()
         tok = loaded.tokenizer
-        runner = StepRunner(loaded.model)
+        runner = StepRunner(loaded.model, slots=state.config.max_running)
         name = state.config.served_model_name or model_name_of(loaded.path)
         state.metrics.model_name = name
         state.limits = ModelLimits(

@@ -6,12 +6,13 @@ the worker thread runs steps. Each step it
 1. drops sequences that were cancelled (client gone), ran past `--timeout`, or are cut off by a
    shutdown, and answers jobs queued with `Engine.call` (embeddings run here too, so only one
    thread ever drives the kernels);
-2. admits queued sequences while fewer than `max_running` run (each gets its own KV cache,
-   position and seeded sampler);
+2. admits queued sequences while fewer than `max_running` run (each gets its own KV cache
+   slot, position and seeded sampler);
 3. gives every running sequence its next input: the next chunk of its prompt (chunks of
    `prefill_chunk` tokens at fixed offsets, so a long prompt never stalls the others for more
    than a chunk and is cut the same way whatever runs beside it) or its last sampled token;
-4. runs them all through `StepRunner.step`, the one model call per step;
+4. runs them all through `StepRunner.step`: the decoding sequences as one batched forward over
+   their cache slots, each prompt chunk as a forward of its own;
 5. samples, detokenizes and checks stop tokens and strings per sequence, pushes the new text to
    its request's queue (`loop.call_soon_threadsafe`) and removes finished sequences at once.
 
@@ -19,8 +20,8 @@ A sequence with a grammar (structured output, `ember.serve.structured`) has its 
 to the tokens the grammar allows before sampling, its matcher advanced after, and it ends with
 "stop" the moment the grammar is complete.
 
-`StepRunner.step` is where the batched forward goes: today it runs the sequences one after
-another through the model's single-sequence forward, each with its own `ember.nn.KVCache`.
+Each sequence's numbers are those it would get alone (see `StepRunner`): a request's greedy
+output is the same whatever else is batched with it.
 """
 
 from __future__ import annotations
@@ -64,17 +65,32 @@ class StepInput:
     cache: Any
 
 
-class StepRunner:
-    """The model behind the engine: KV caches and one forward per step over many sequences.
+@dataclass(eq=False)
+class Slot:
+    """A sequence's row of the runner's ``BatchKVCache`` (what the engine holds as its cache)."""
 
-    The engine needs exactly this from a model: `new_cache(capacity)`, `reserve(cache, length)`
-    and `step(inputs) -> one row of next-token logits per input`. A batched implementation
-    keeps this signature: it packs every input's tokens into one varlen forward whose attention
-    reads each sequence's own cache (or slot), and returns the last row of each.
+    index: int
+
+
+class StepRunner:
+    """The model behind the engine: a KV cache slot per sequence, batched forwards per step.
+
+    The engine needs exactly this from a model: `new_cache(capacity)`, `reserve(cache, length)`,
+    `release(cache)` and `step(inputs) -> one row of next-token logits per input`. All sequences
+    live in one ``ember.nn.BatchKVCache`` (a row each, grown on demand in length and in slots).
+    A step runs every one-token input (decoding sequences) as one forward over their rows, up to
+    ``MAX_BATCH`` at a time, and each prompt chunk as a forward of its own. Row b of a batched
+    forward computes exactly what that sequence would alone, so a request's greedy output does
+    not depend on what else runs. Longrope models (their positions depend on a sequence's whole
+    history) keep one ``KVCache`` per sequence and run one after another.
     """
 
-    def __init__(self, model: Any, initial_capacity: int = 512) -> None:
-        """Drive `model` (an ember causal LM) with per-sequence caches."""
+    # decode rows per forward: the quantized kernels compute M <= 8 rows one matrix-vector pass
+    # each, so a row's numbers are those of a batch of one (kernels.cpu.quant SMALL_M)
+    MAX_BATCH = 8
+
+    def __init__(self, model: Any, slots: int = 8, initial_capacity: int = 512) -> None:
+        """Drive `model` (an ember causal LM) with room for `slots` sequences to start with."""
         self.model = model
         cfg = model.config
         self.context_length = int(getattr(cfg, "max_position_embeddings", 2048))
@@ -82,14 +98,28 @@ class StepRunner:
         spec = getattr(model, "spec", None)
         # longrope keys each cache to its own history: such caches are never reallocated
         self._fixed = getattr(spec, "rope_long_inv_freq", None) is not None
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self._dims = (cfg.num_hidden_layers, self.model.num_kv_heads, int(hd))
+        self._slots = max(1, slots)
+        self._free = list(range(self._slots))[::-1]
+        self.cache: Any = None  # the BatchKVCache, made at the first sequence
 
     def new_cache(self, capacity: int) -> Any:
-        """An empty cache for one sequence of up to `capacity` positions (grown on demand)."""
-        cap = capacity if self._fixed else min(capacity, self.initial_capacity)
-        return self._alloc(min(cap, self.context_length))
+        """A cache for one sequence of up to `capacity` positions (grown on demand)."""
+        if self._fixed:
+            return self._alloc(min(capacity, self.context_length))
+        if not self._free:  # more sequences than slots: twice the slots
+            self._free = list(range(2 * self._slots - 1, self._slots - 1, -1))
+            self._slots *= 2
+        slot = Slot(self._free.pop())
+        self._resize(min(self.initial_capacity, capacity, self.context_length))
+        return slot
 
     def reserve(self, cache: Any, length: int) -> Any:
         """A cache holding at least `length` positions: `cache` itself, or a larger copy."""
+        if isinstance(cache, Slot):
+            self._resize(length)
+            return cache
         if cache.max_len >= length:
             return cache
         new = self._alloc(max(length, min(2 * cache.max_len, self.context_length)))
@@ -98,27 +128,60 @@ class StepRunner:
         new.pos = cache.pos
         return new
 
+    def release(self, cache: Any) -> None:
+        """The sequence is done: its slot is free for the next one."""
+        if isinstance(cache, Slot):
+            self.cache.reset(cache.index)
+            self._free.append(cache.index)
+
     def _alloc(self, capacity: int) -> Any:
         from ember.nn import KVCache
 
-        cfg = self.model.config
-        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return KVCache(cfg.num_hidden_layers, 1, self.model.num_kv_heads, capacity, int(hd))
+        layers, hk, hd = self._dims
+        return KVCache(layers, 1, hk, capacity, hd)
+
+    def _resize(self, length: int) -> None:
+        """Make the batch cache hold self._slots rows of at least `length` positions."""
+        from ember.nn import BatchKVCache
+
+        old = self.cache
+        if old is not None and old.slots >= self._slots and old.max_len >= length:
+            return
+        cap = length
+        if old is not None:
+            cap = max(length, old.max_len if length <= old.max_len else 2 * old.max_len)
+        layers, hk, hd = self._dims
+        new = BatchKVCache(layers, self._slots, hk, min(cap, self.context_length), hd)
+        if old is not None:
+            n, s = old.max_len, old.slots
+            for dst, src in zip(new.k + new.v, old.k + old.v):
+                dst[:s, :, :n] = src
+            new.lengths[:s] = old.lengths
+        self.cache = new
 
     def step(self, inputs: list[StepInput]) -> list[np.ndarray]:
-        """Feed each input's tokens through its cache; the next-token logits (vocab,) of each.
-
-        This is the place for the batched forward: today the sequences run one after another
-        through the model's single-sequence forward.
-        """
+        """Feed each input's tokens through its cache; the next-token logits (vocab,) of each."""
         import ember
 
-        out = []
+        out: list = [None] * len(inputs)
+        batch = [i for i, inp in enumerate(inputs) if isinstance(inp.cache, Slot)]
+        decode = [i for i in batch if len(inputs[i].tokens) == 1]
         with ember.no_grad():
-            for inp in inputs:
+            for c in range(0, len(decode), self.MAX_BATCH):
+                part = decode[c : c + self.MAX_BATCH]
+                ids = np.asarray([inputs[i].tokens for i in part], np.int64)
+                rows = self.cache.rows([inputs[i].cache.index for i in part])
+                logits = self.model(ember.from_numpy(ids), cache=rows).numpy()[:, -1]
+                for i, row in zip(part, logits):
+                    out[i] = row.astype(np.float32, copy=False)
+            for i, inp in enumerate(inputs):
+                if out[i] is not None:
+                    continue
+                c = inp.cache
+                cache = self.cache.rows([c.index]) if isinstance(c, Slot) else c
                 ids = ember.from_numpy(np.asarray([inp.tokens], np.int64))
-                logits = self.model(ids, cache=inp.cache, logits_to_keep=1)
-                out.append(logits.numpy()[0, -1].astype(np.float32, copy=False))
+                logits = self.model(ids, cache=cache, logits_to_keep=1)
+                out[i] = logits.numpy()[0, -1].astype(np.float32, copy=False)
         return out
 
 
@@ -492,6 +555,8 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, running: bool = True) -> None:
         if running and seq in self._running:
             self._running.remove(seq)
+        if seq.cache is not None:
+            self.runner.release(seq.cache)
         seq.cache = seq.matcher = None
         if reason == "cancelled":
             return
