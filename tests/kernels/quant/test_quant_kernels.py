@@ -50,6 +50,13 @@ def _tol(want) -> dict:
     return {"rtol": 2e-5, "atol": 2e-5 * max(float(finite.max()) if finite.size else 1.0, 1.0)}
 
 
+@pytest.fixture(autouse=True)
+def _float_kernels(monkeypatch):
+    """These tests hold the float kernels to float tolerances: the int8-activation kernels
+    (Q8_0/Q4_0/Q4_1, up to 16 rows of x) have their own bounds, in test_idot.py."""
+    monkeypatch.setattr(config, "QUANT_DOT", "float")
+
+
 @pytest.fixture(params=["serial", "static", "dynamic"])
 def schedule(request, monkeypatch):
     """The thread split: one thread, static row chunks, chunks handed out one at a time."""

@@ -33,6 +33,7 @@ import numpy as np
 from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu import have_numba, jit, numba_or_none
+from ember.kernels.cpu.quant import _idot
 from ember.quant.formats import block_format, dequantize
 
 F32 = np.float32
@@ -141,6 +142,37 @@ def _real(x: np.ndarray, what: str) -> None:
         raise DTypeError(f"{what}: x must hold real numbers, got dtype {x.dtype}")
 
 
+def _run_chunks(fn, args: tuple, n: int, nbytes: int) -> None:
+    """``fn(*args, chunk)`` over chunks of a weight's n rows (nbytes), on as many threads as pays."""
+    get_threads, set_threads = _thread_count_fns()
+    threads = get_threads()
+    if threads == 1 or nbytes < SERIAL_MAX_BYTES:
+        # One thread: a team of one wakes no worker (waking a second thread costs more than
+        # it saves on a small weight, and on a busy machine the caller may wait a whole time
+        # slice for it). The parallel kernel, not a serial copy: numba marks a parallel
+        # body's arrays noalias, and LLVM vectorizes it 15% better.
+        if threads > 1:
+            set_threads(1)
+        try:
+            fn(*args, max(n, 1))
+        finally:
+            if threads > 1:
+                set_threads(threads)
+        return
+    chunk = max(4, -(-n // (8 * threads)))  # about 8 row chunks per thread
+    if nbytes < DYNAMIC_MIN_BYTES:
+        fn(*args, chunk)
+        return
+    # Hand row chunks out one at a time so that a core busy with something else does not
+    # hold back the whole product (static halves would wait for the slower core).
+    nb = numba_or_none()
+    old = nb.set_parallel_chunksize(1)
+    try:
+        fn(*args, chunk)
+    finally:
+        nb.set_parallel_chunksize(old)
+
+
 class QuantKernels:
     """One block format's kernels (matrix-vector, small-batch product, row dequantization).
 
@@ -158,6 +190,7 @@ class QuantKernels:
         self._dq = qjit(dq, parallel=True)
         self._dq1 = qjit(dq, suffix="serial")  # prefill tiles: one thread per tile, no team
         self.dequantize_reference = dequantize_reference
+        self._int = self.qtype in _idot.SPECS  # Q8_0, Q4_0, Q4_1: integer kernels (_idot)
         FORMATS[self.qtype] = self
 
     def __repr__(self) -> str:
@@ -262,13 +295,28 @@ class QuantKernels:
     # ---------------------------------------------------------------- unchecked runners
     def run_matvec(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The matrix-vector kernel on checked operands (x float32, contiguous, length K)."""
+        if self.int_dot():
+            return self._int_product(w3, x.reshape(1, -1))[0]
         y = np.empty(w3.shape[0], F32)
         self._schedule(self._mv, w3, x.reshape(w3.shape[1], -1), y)
+        return y
+
+    def int_dot(self) -> bool:
+        """Whether products of up to ``_idot.MAX_M`` rows run the integer kernels here."""
+        return self._int and _idot.available()
+
+    def _int_product(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T`` by the integer kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
+        y = np.empty((x.shape[0], w3.shape[0]), F32)
+        fn, args = _idot.driver_args(self.qtype, w3, x, y)
+        _run_chunks(fn, args, w3.shape[0], w3.nbytes)
         return y
 
     def run_matmul_t(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` on checked operands (x float32 (M, K), C-contiguous, M >= 1)."""
         m = x.shape[0]
+        if m <= _idot.MAX_M and self.int_dot():
+            return self._int_product(w3, x)
         if m == 1:
             return self.run_matvec(w3, x[0]).reshape(1, -1)
         if m <= SMALL_M:  # a few rows: one bandwidth-bound pass over the packed weight each
@@ -280,36 +328,9 @@ class QuantKernels:
 
     def _schedule(self, kernel, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
         """Run a matrix-vector style kernel over row chunks, on as many threads as pays."""
-        get_threads, set_threads = _thread_count_fns()
-        n = w3.shape[0]
-        threads = get_threads()
         lut = _f16_lut if _f16_lut is not None else f16_table()
         fn = kernel._compiled if kernel._compiled is not None else kernel
-        if threads == 1 or w3.nbytes < SERIAL_MAX_BYTES:
-            # One thread: a team of one wakes no worker (waking a second thread costs more than
-            # it saves on a small weight, and on a busy machine the caller may wait a whole time
-            # slice for it). The parallel kernel, not a serial copy: numba marks a parallel
-            # body's arrays noalias, and LLVM vectorizes it 15% better.
-            if threads > 1:
-                set_threads(1)
-            try:
-                fn(w3, lut, x, y, max(n, 1))
-            finally:
-                if threads > 1:
-                    set_threads(threads)
-            return
-        chunk = max(4, -(-n // (8 * threads)))  # about 8 row chunks per thread
-        if w3.nbytes < DYNAMIC_MIN_BYTES:
-            fn(w3, lut, x, y, chunk)
-            return
-        # Hand row chunks out one at a time so that a core busy with something else does not
-        # hold back the whole product (static halves would wait for the slower core).
-        nb = numba_or_none()
-        old = nb.set_parallel_chunksize(1)
-        try:
-            fn(w3, lut, x, y, chunk)
-        finally:
-            nb.set_parallel_chunksize(old)
+        _run_chunks(fn, (w3, lut, x, y), w3.shape[0], w3.nbytes)
 
     def _prefill(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Decode tiles of rows into small float32 buffers and let BLAS multiply them.
@@ -349,7 +370,12 @@ class QuantKernels:
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
-        if x.size == k:  # decode: one row, the matrix-vector kernel straight away
+        if x.size <= _idot.MAX_M * k and self.int_dot():  # decode, small batches: int8 x
+            x2 = x.reshape(-1, k)
+            if x2.dtype != F32 or not x2.flags.c_contiguous:
+                x2 = np.ascontiguousarray(x2, dtype=F32)
+            out = self._int_product(w3, x2)
+        elif x.size == k:  # decode: one row, the matrix-vector kernel straight away
             xv = x.reshape(w3.shape[1], -1)
             if xv.dtype != F32 or not xv.flags.c_contiguous:
                 xv = np.ascontiguousarray(xv, dtype=F32)

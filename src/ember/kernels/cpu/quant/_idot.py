@@ -1,0 +1,411 @@
+"""Integer-dot products for Q8_0, Q4_0 and Q4_1 weights and 1..16 rows of x (decode, small batches).
+
+As llama.cpp does, each call quantizes the rows of x once to Q8 blocks (32 int8 values ``q``
+with one float32 scale ``d = max|x| / 127``, ``q = rint(x / d)``, and, for Q4_1's min term,
+``d * sum(q)``), then multiplies the weight's 4/8-bit integers with those bytes in
+int32 (exact) and finishes each block in float:
+
+* Q8_0:  ``y += (d_w * d_x) * sum(q_w * q_x)``
+* Q4_0:  ``y += (d_w * d_x) * sum((n_w - 8) * q_x)`` (the -8 applied to the nibbles before the
+  integer dot, as llama.cpp does: exact)
+* Q4_1:  ``y += (d_w * d_x) * sum(n_w * q_x)`` and ``+ m_w * (d_x * sum(q_x))``: the min term
+  also sees the quantized x, so the error is ``sum_j w_j (x_j - d q_j)`` with ``w_j`` the
+  dequantized (centred) weight, smaller than with the exact sum of x (``d_w n_j`` is not centred)
+
+The integer dot is AVX2's ``vpmaddubsw`` (unsigned x signed bytes, pairs to int16: no
+saturation, |pair| <= 2 * 128 * 127) and ``vpmaddwd`` against ones (int16 pairs to int32), or
+AVX-VNNI / AVX-512 VNNI's ``vpdpbusd`` (the same int32 lanes in one instruction) where the host
+has it. Signed weights use llama.cpp's sign trick: ``|q_w|`` (unsigned) times ``sign(q_w) * q_x``.
+Eight int32 lanes per block become floats and accumulate by one FMA with the broadcast
+``d_w * d_x`` into eight float lanes per (weight row, x row), summed by a fixed tree at the end.
+
+Batch invariance: row i of an M-row product is bitwise the M=1 product of x[i]. Every x row is
+quantized by the same loop, and each (weight row, x row) pair sees the same float operations in
+the same order whatever M is (the x rows are taken G_MAX at a time, each with its own
+accumulators; VNNI and AVX2 give the same integers, so the same floats).
+
+The error against the float product is the activation quantization's: ``|x - d q| <= d / 2``
+per element, so ``|y - W x| <= sum_b d_b / 2 * sum_j |w_bj|`` plus float32 rounding (the tests
+assert that bound against a float64 reference of the dequantized weight).
+
+The loops over weight rows are LLVM IR (``_kernel_ir``, one function per format and number of x
+rows g = 1..G_MAX), compiled with ``gemm.jit_ir`` and called by a numba driver (``_driver_py``)
+that quantizes x and hands out chunks of weight rows over numba's threads; with more than G_MAX
+rows of x it sweeps a chunk in sub-blocks that stay in L1 while each group of rows reads them.
+Where AVX2 is missing, llvmlite/numba are absent, ``EMBER_SGEMM_ISA=none`` or
+``EMBER_QUANT_DOT=float``, the float kernels of the format modules run instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ember import config
+from ember.errors import DTypeError, ShapeError
+
+G_MAX = 4  # x rows one kernel call carries (an accumulator each, in registers)
+MAX_M = 16  # up to this many rows of x, linear_q runs the integer kernels
+SUB_BYTES = 1 << 14  # with more than G_MAX rows, a chunk is swept in sub-blocks of this size
+PREFETCH = 768  # bytes ahead of the current block that each block step prefetches
+
+# qtype -> (format id, bytes per block, offset of the quants, kind); kind: "s8" signed bytes,
+# "s4" nibbles minus 8, "u4" nibbles with a min (fp16 at byte 2)
+SPECS = {"Q8_0": (0, 34, 2, "s8"), "Q4_0": (1, 18, 2, "s4"), "Q4_1": (2, 20, 4, "u4")}
+_STATE: dict = {}
+
+
+# ------------------------------------------------------------------ LLVM IR
+def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
+    """y[r, n] for weight rows n in [r0, r1) and x rows r < g of one format (see module doc)."""
+    _, bs, qoff, kind = SPECS[qtype]
+    rows = range(g)
+    v8f, b32 = "<8 x float>", "<32 x i8>"
+    splat = lambda t, n, v: "<" + ", ".join([f"{t} {v}"] * n) + ">"  # noqa: E731
+    name = f"ember_qdot_{qtype.lower()}_{g}{'_vnni' if vnni else ''}"
+    s = [
+        f"define void @{name}(i64 %wi, i64 %rowb, i64 %nb, i64 %r0, i64 %r1, i64 %xqi,"
+        " i64 %ldx, i64 %xdi, i64 %xsi, i64 %ldd, i64 %yi, i64 %ldy) #0 {",
+        "entry:",
+        "  %w = inttoptr i64 %wi to ptr",
+        "  %xq = inttoptr i64 %xqi to ptr",
+        "  %xd = inttoptr i64 %xdi to ptr",
+        "  %xs = inttoptr i64 %xsi to ptr",
+        "  %y = inttoptr i64 %yi to ptr",
+    ]
+    for r in rows:
+        s += [
+            f"  %xqo{r} = mul i64 %ldx, {r}",
+            f"  %xq{r} = getelementptr i8, ptr %xq, i64 %xqo{r}",
+        ]
+        s += [
+            f"  %xdo{r} = mul i64 %ldd, {r}",
+            f"  %xd{r} = getelementptr float, ptr %xd, i64 %xdo{r}",
+        ]
+        s += [f"  %xs{r} = getelementptr float, ptr %xs, i64 %xdo{r}"]
+        s += [f"  %yo{r} = mul i64 %ldy, {r}", f"  %y{r} = getelementptr float, ptr %y, i64 %yo{r}"]
+    s += ["  %none = icmp uge i64 %r0, %r1", "  br i1 %none, label %done, label %row", "row:"]
+    s += ["  %n = phi i64 [%r0, %entry], [%n1, %rowend]"]
+    s += ["  %wo = mul i64 %n, %rowb", "  %wr = getelementptr i8, ptr %w, i64 %wo"]
+    s += ["  br label %blk", "blk:", "  %b = phi i64 [0, %row], [%b1, %blk]"]
+    s += [f"  %acc{r} = phi {v8f} [zeroinitializer, %row], [%accn{r}, %blk]" for r in rows]
+    if kind == "u4":
+        s += [f"  %sm{r} = phi float [0.0, %row], [%smn{r}, %blk]" for r in rows]
+    s += [f"  %bo = mul i64 %b, {bs}", "  %wb = getelementptr i8, ptr %wr, i64 %bo"]
+    s += [f"  %pf = getelementptr i8, ptr %wb, i64 {PREFETCH}"]
+    s += ["  call void @llvm.prefetch.p0(ptr %pf, i32 0, i32 3, i32 1)"]
+    s += ["  %dh = load half, ptr %wb, align 1", "  %dw = fpext half %dh to float"]
+    if kind == "u4":
+        s += ["  %mp = getelementptr i8, ptr %wb, i64 2", "  %mh = load half, ptr %mp, align 1"]
+        s += ["  %mw = fpext half %mh to float"]
+    s += [f"  %qp = getelementptr i8, ptr %wb, i64 {qoff}"]
+    if kind == "s8":
+        s += [f"  %q = load {b32}, ptr %qp, align 1"]
+    else:
+        iota = ", ".join(f"i32 {i}" for i in range(32))
+        s += ["  %p = load <16 x i8>, ptr %qp, align 1"]
+        s += [f"  %lo = and <16 x i8> %p, {splat('i8', 16, 15)}"]
+        s += [f"  %hi = lshr <16 x i8> %p, {splat('i8', 16, 4)}"]
+        q = "%q" if kind == "u4" else "%q0"
+        s += [f"  {q} = shufflevector <16 x i8> %lo, <16 x i8> %hi, <32 x i32> <{iota}>"]
+        if kind == "s4":
+            s += [f"  %q = sub {b32} %q0, {splat('i8', 32, 8)}"]
+    if kind != "u4":
+        s += [f"  %ax = call {b32} @llvm.abs.v32i8({b32} %q, i1 false)"]
+    s += ["  %xo = shl i64 %b, 5"]
+    for r in rows:
+        s += [f"  %yp{r} = getelementptr i8, ptr %xq{r}, i64 %xo"]
+        s += [f"  %yv{r} = load {b32}, ptr %yp{r}, align 1"]
+        if kind == "u4":
+            u, v = "%q", f"%yv{r}"
+        else:
+            s += [f"  %sy{r} = call {b32} @llvm.x86.avx2.psign.b({b32} %yv{r}, {b32} %q)"]
+            u, v = "%ax", f"%sy{r}"
+        if vnni:
+            s += [f"  %ub{r} = bitcast {b32} {u} to <8 x i32>"]
+            s += [f"  %vb{r} = bitcast {b32} {v} to <8 x i32>"]
+            s += [
+                f"  %pi{r} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>"
+                f" zeroinitializer, <8 x i32> %ub{r}, <8 x i32> %vb{r})"
+            ]
+        else:
+            s += [f"  %pr{r} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({b32} {u}, {b32} {v})"]
+            s += [
+                f"  %pi{r} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %pr{r},"
+                f" <16 x i16> {splat('i16', 16, 1)})"
+            ]
+        s += [f"  %pv{r} = sitofp <8 x i32> %pi{r} to {v8f}"]
+        s += [f"  %dxp{r} = getelementptr float, ptr %xd{r}, i64 %b"]
+        s += [f"  %dx{r} = load float, ptr %dxp{r}, align 4"]
+        s += [f"  %dd{r} = fmul float %dw, %dx{r}"]
+        s += [f"  %ddi{r} = insertelement {v8f} poison, float %dd{r}, i32 0"]
+        s += [f"  %ddv{r} = shufflevector {v8f} %ddi{r}, {v8f} poison, <8 x i32> zeroinitializer"]
+        s += [
+            f"  %accn{r} = call {v8f} @llvm.fma.v8f32({v8f} %ddv{r}, {v8f} %pv{r}, {v8f} %acc{r})"
+        ]
+        if kind == "u4":
+            s += [f"  %sxp{r} = getelementptr float, ptr %xs{r}, i64 %b"]
+            s += [f"  %sx{r} = load float, ptr %sxp{r}, align 4"]
+            s += [f"  %smn{r} = call float @llvm.fma.f32(float %mw, float %sx{r}, float %sm{r})"]
+    s += ["  %b1 = add i64 %b, 1", "  %bc = icmp ult i64 %b1, %nb"]
+    s += ["  br i1 %bc, label %blk, label %rowend", "rowend:"]
+    for r in rows:  # the eight lanes summed by a fixed tree
+        s += [
+            f"  %ha{r} = shufflevector {v8f} %accn{r}, {v8f} poison, <4 x i32> <i32 0, i32 1, i32 2, i32 3>"
+        ]  # noqa: E501
+        s += [
+            f"  %hb{r} = shufflevector {v8f} %accn{r}, {v8f} poison, <4 x i32> <i32 4, i32 5, i32 6, i32 7>"
+        ]  # noqa: E501
+        s += [f"  %hc{r} = fadd <4 x float> %ha{r}, %hb{r}"]
+        s += [
+            f"  %hd{r} = shufflevector <4 x float> %hc{r}, <4 x float> poison, <2 x i32> <i32 0, i32 1>"
+        ]  # noqa: E501
+        s += [
+            f"  %he{r} = shufflevector <4 x float> %hc{r}, <4 x float> poison, <2 x i32> <i32 2, i32 3>"
+        ]  # noqa: E501
+        s += [f"  %hf{r} = fadd <2 x float> %hd{r}, %he{r}"]
+        s += [f"  %hg{r} = extractelement <2 x float> %hf{r}, i32 0"]
+        s += [f"  %hh{r} = extractelement <2 x float> %hf{r}, i32 1"]
+        s += [f"  %t{r} = fadd float %hg{r}, %hh{r}"]
+        out = f"%t{r}"
+        if kind == "u4":
+            s += [f"  %tm{r} = fadd float %t{r}, %smn{r}"]
+            out = f"%tm{r}"
+        s += [f"  %yq{r} = getelementptr float, ptr %y{r}, i64 %n"]
+        s += [f"  store float {out}, ptr %yq{r}, align 4"]
+    s += ["  %n1 = add i64 %n, 1", "  %nc = icmp ult i64 %n1, %r1"]
+    s += ["  br i1 %nc, label %row, label %done", "done:", "  ret void", "}"]
+    return "\n".join(s)
+
+
+def _declarations(vnni: bool) -> list[str]:
+    """The integer intrinsics the kernels use (gemm.jit_ir declares the float ones)."""
+    b32 = "<32 x i8>"
+    d = [
+        f"declare {b32} @llvm.abs.v32i8({b32}, i1)",
+        f"declare {b32} @llvm.x86.avx2.psign.b({b32}, {b32})",
+        f"declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({b32}, {b32})",
+        "declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)",
+        "declare float @llvm.fma.f32(float, float, float)",
+    ]
+    if vnni:
+        d += ["declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)"]
+    return d
+
+
+def module_ir(vnni: bool = False) -> list[str]:
+    """Every kernel (three formats x 1..G_MAX rows) with the declarations they need."""
+    fns = [_kernel_ir(q, g, vnni) for q in SPECS for g in range(1, G_MAX + 1)]
+    return _declarations(vnni) + fns
+
+
+def _has_vnni(features: dict, isa: str) -> bool:
+    """256-bit vpdpbusd: AVX-VNNI, or AVX-512 VNNI with VL (not under EMBER_SGEMM_ISA=avx2)."""
+    if isa != "avx512" and config.SGEMM_ISA == "avx2":
+        return False
+    return bool(
+        features.get("avxvnni") or (features.get("avx512vnni") and features.get("avx512vl"))
+    )
+
+
+# ------------------------------------------------------------------ numba driver
+prange = range  # numba.prange, bound by _build
+_call = None  # _call_py compiled
+_quantize = None  # quantize_rows_py compiled
+_e = [None] * (3 * G_MAX)  # the kernels (ExternalFunction), format-major
+(_e0, _e1, _e2, _e3, _e4, _e5, _e6, _e7, _e8, _e9, _e10, _e11) = _e
+
+
+def _call_py(f, g, a):  # pragma: no cover - compiled
+    """The kernel of format f (0 Q8_0, 1 Q4_0, 2 Q4_1) for g rows of x (1..4)."""
+    i = 4 * f + g - 1
+    if i == 0:
+        _e0(*a)
+    elif i == 1:
+        _e1(*a)
+    elif i == 2:
+        _e2(*a)
+    elif i == 3:
+        _e3(*a)
+    elif i == 4:
+        _e4(*a)
+    elif i == 5:
+        _e5(*a)
+    elif i == 6:
+        _e6(*a)
+    elif i == 7:
+        _e7(*a)
+    elif i == 8:
+        _e8(*a)
+    elif i == 9:
+        _e9(*a)
+    elif i == 10:
+        _e10(*a)
+    else:
+        _e11(*a)
+
+
+def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
+    """Rows of x (M, K) to Q8 blocks: xq int8 (M, K), scales xd, xs = xd * sum(q) (M, K / 32).
+
+    A block holding NaN or inf gets scale NaN (its products NaN, as the float product would be
+    non-finite); an all-zero block scale 0.
+    """
+    m, k = x.shape
+    for i in range(m):
+        for b in range(k // 32):
+            o = 32 * b
+            amax = np.float32(0.0)
+            s = np.float32(0.0)
+            for j in range(32):
+                v = x[i, o + j]
+                a = abs(v)
+                amax = a if a > amax else amax
+                s += v
+            if amax == np.inf or s != s:
+                xd[i, b] = np.float32(np.nan)
+                xs[i, b] = np.float32(np.nan)
+                for j in range(32):
+                    xq[i, o + j] = 0
+                continue
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            xd[i, b] = d
+            t = 0
+            for j in range(32):
+                q = np.rint(x[i, o + j] * inv)
+                q = min(max(q, np.float32(-127.0)), np.float32(127.0))
+                xq[i, o + j] = np.int8(q)
+                t += np.int32(q)
+            xs[i, b] = d * np.float32(t)
+
+
+def _driver_py(f, w, x, y, xq, xd, xs, chunk):  # pragma: no cover - compiled
+    """y (M, N) = x @ W.T for W's (N, blocks, bytes) uint8 blocks of format f, x float32 (M, K).
+
+    Tasks of ``chunk`` weight rows; with more than G_MAX rows of x a task sweeps its rows in
+    sub-blocks of about SUB_BYTES, which stay in L1 while each group of x rows reads them.
+    xq, xd, xs: scratch for x's Q8 blocks, from the caller (the kernels see raw addresses
+    only: arrays allocated here could be freed by numba before the loop that reads them).
+    """
+    m, k = x.shape
+    n, nb, bs = w.shape
+    _quantize(x, xq, xd, xs)
+    wa, qa, da, sa, ya = (
+        w.ctypes.data,
+        xq.ctypes.data,
+        xd.ctypes.data,
+        xs.ctypes.data,
+        y.ctypes.data,
+    )
+    rowb = nb * bs
+    sub = chunk if m <= G_MAX else max(1, min(chunk, SUB_BYTES // rowb))
+    for c in prange((n + chunk - 1) // chunk):
+        r1 = min(n, c * chunk + chunk)
+        for s0 in range(c * chunk, r1, sub):
+            s1 = min(r1, s0 + sub)
+            for m0 in range(0, m, G_MAX):
+                g = min(G_MAX, m - m0)
+                o = m0 * nb * 4
+                a = (wa, rowb, nb, s0, s1, qa + m0 * k, k, da + o, sa + o, nb, ya + m0 * n * 4, n)
+                _call(f, g, a)
+
+
+def _build(nb, vnni: bool):
+    from numba import types
+
+    from ember.kernels.cpu import vecmath
+
+    g = globals()
+    i64 = types.int64
+    sig = types.void(*([i64] * 12))
+    suffix = "_vnni" if vnni else ""
+    for f, q in enumerate(SPECS):
+        for r in range(1, G_MAX + 1):
+            name = f"ember_qdot_{q.lower()}_{r}{suffix}"
+            g[f"_e{4 * f + r - 1}"] = types.ExternalFunction(name, sig)
+    g["prange"] = nb.prange
+    opts = dict(cache=True, nogil=True, error_model="numpy")
+    g["_quantize"] = nb.njit(**opts)(quantize_rows_py)  # no fast-math: numpy's roundings
+    key = sys.modules[__name__]
+    g["_call"] = nb.njit(**opts)(vecmath.keyed(_call_py, key))
+    # the kernel names differ with VNNI: a cache entry of its own
+    drv = vecmath.keyed(_driver_py, key)
+    if vnni:
+        from ember.kernels.cpu import renamed
+
+        drv = renamed(drv, "vnni")
+    return nb.njit(parallel=True, **opts)(drv)
+
+
+def state() -> dict | None:
+    """Compile the kernels and the driver once; None where they cannot run here."""
+    if "ok" not in _STATE:
+        _STATE["ok"] = False
+        from ember.kernels.cpu import numba_or_none
+
+        nb = numba_or_none()
+        if nb is not None:
+            from ember.kernels.cpu import gemm as G
+
+            isa = G.isa()  # None without llvmlite, AVX2+FMA, or under EMBER_SGEMM_ISA=none
+            if isa is not None:
+                import llvmlite.binding as llvm
+
+                vnni = _has_vnni(llvm.get_host_cpu_features(), isa)
+                suffix = "_vnni" if vnni else ""
+                names = [f"ember_qdot_{q.lower()}_{r}{suffix}" for q in SPECS for r in range(1, 5)]
+                engine = G.jit_ir(module_ir(vnni), names)
+                _STATE.update(ok=True, engine=engine, vnni=vnni, driver=_build(nb, vnni))
+    return _STATE if _STATE["ok"] else None
+
+
+def available() -> bool:
+    """Whether the integer kernels run here (and ``EMBER_QUANT_DOT`` does not ask for float)."""
+    if config.QUANT_DOT == "float":
+        return False
+    ok = _STATE.get("ok")
+    return state() is not None if ok is None else ok
+
+
+def check(qtype: str, w3, x, y) -> None:
+    """The kernels follow raw pointers: refuse operands that would take them out of bounds."""
+    if qtype not in SPECS:
+        raise DTypeError(f"qdot: no integer kernel for {qtype}")
+    bs = SPECS[qtype][1]
+    if not (isinstance(w3, np.ndarray) and w3.dtype == np.uint8 and w3.flags.c_contiguous):
+        raise DTypeError("qdot: the weight must be C-contiguous uint8 blocks")
+    if w3.ndim != 3 or w3.shape[2] != bs or w3.shape[0] < 1 or w3.shape[1] < 1:
+        raise ShapeError(f"qdot: the weight must be (rows, blocks, {bs}), got {w3.shape}")
+    for name, a in (("x", x), ("y", y)):
+        ok = isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2
+        if not ok or not a.flags.c_contiguous:
+            raise DTypeError(f"qdot: {name} must be a C-contiguous 2-d float32 array")
+    n, nb, _ = w3.shape
+    if x.shape[1] != 32 * nb or x.shape[0] < 1 or y.shape != (x.shape[0], n):
+        raise ShapeError(f"qdot: x {x.shape} and y {y.shape} do not fit the weight {(n, nb * 32)}")
+
+
+def driver_args(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple:
+    """(driver, args): ``driver(*args, chunk)`` computes y = x @ W.T; operands checked here."""
+    check(qtype, w3, x, y)
+    m, k = x.shape
+    xq = np.empty((m, k), np.int8)
+    xd = np.empty((m, k // 32), np.float32)
+    xs = np.empty((m, k // 32), np.float32)
+    return _STATE["driver"], (SPECS[qtype][0], w3, x, y, xq, xd, xs)
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x (M, K) float32 as the kernels quantize it: (int8 (M, K), scales d, d * sum(q) (M, K/32))."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % 32:
+        raise ShapeError(f"quantize_rows: x must be (M, K) with K a multiple of 32, got {x.shape}")
+    if state() is None:
+        raise RuntimeError("quantize_rows: the integer kernels are not available here")
+    m, k = x.shape
+    out = np.empty((m, k), np.int8), np.empty((m, k // 32), np.float32)
+    out += (np.empty((m, k // 32), np.float32),)
+    _quantize(x, *out)
+    return out
