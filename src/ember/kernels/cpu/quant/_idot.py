@@ -57,12 +57,139 @@ _STATE: dict = {}
 
 
 # ------------------------------------------------------------------ LLVM IR
-def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
-    """y[r, n] for weight rows n in [r0, r1) and x rows r < g of one format (see module doc)."""
+def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: str) -> list[str]:
+    """The loop over weight rows taken nr (1 or 2) at a time, labels suffixed t.
+
+    Enters at label ``{t}row`` with ``%{t}n0`` (the first row) from block ``start``; loops while
+    ``n + nr <= %{t}end`` and leaves to ``nxt``. Each (weight row, x row) pair has its own
+    accumulators and the same float operations whether its weight row is paired or not.
+    """
     _, bs, qoff, kind = SPECS[qtype]
-    rows = range(g)
     v8f, b32 = "<8 x float>", "<32 x i8>"
-    splat = lambda t, n, v: "<" + ", ".join([f"{t} {v}"] * n) + ">"  # noqa: E731
+    splat = lambda ty, n, v: "<" + ", ".join([f"{ty} {v}"] * n) + ">"  # noqa: E731
+    pairs = [(i, r) for i in range(nr) for r in range(g)]
+    s = [f"{t}row:", f"  %{t}n = phi i64 [%{t}n0, %{start}], [%{t}n1, %{t}rowend]"]
+    for i in range(nr):
+        s += [f"  %{t}ni{i} = add i64 %{t}n, {i}", f"  %{t}wo{i} = mul i64 %{t}ni{i}, %rowb"]
+        s += [f"  %{t}wr{i} = getelementptr i8, ptr %w, i64 %{t}wo{i}"]
+    s += [f"  br label %{t}blk", f"{t}blk:", f"  %{t}b = phi i64 [0, %{t}row], [%{t}b1, %{t}blk]"]
+    for i, r in pairs:
+        s += [f"  %{t}a{i}_{r} = phi {v8f} [zeroinitializer, %{t}row], [%{t}an{i}_{r}, %{t}blk]"]
+        if kind == "u4":
+            s += [f"  %{t}s{i}_{r} = phi float [0.0, %{t}row], [%{t}sn{i}_{r}, %{t}blk]"]
+    s += [f"  %{t}bo = mul i64 %{t}b, {bs}", f"  %{t}xo = shl i64 %{t}b, 5"]
+    for i in range(nr):  # decode weight block b of row i once, for all g rows of x
+        u = f"{t}{i}"
+        s += [f"  %wb{u} = getelementptr i8, ptr %{t}wr{i}, i64 %{t}bo"]
+        s += [f"  %pf{u} = getelementptr i8, ptr %wb{u}, i64 {PREFETCH}"]
+        s += [f"  call void @llvm.prefetch.p0(ptr %pf{u}, i32 0, i32 3, i32 1)"]
+        s += [
+            f"  %dh{u} = load half, ptr %wb{u}, align 1",
+            f"  %dw{u} = fpext half %dh{u} to float",
+        ]
+        if kind == "u4":
+            s += [f"  %mp{u} = getelementptr i8, ptr %wb{u}, i64 2"]
+            s += [f"  %mh{u} = load half, ptr %mp{u}, align 1"]
+            s += [f"  %mw{u} = fpext half %mh{u} to float"]
+        s += [f"  %qp{u} = getelementptr i8, ptr %wb{u}, i64 {qoff}"]
+        if kind == "s8":
+            s += [f"  %q{u} = load {b32}, ptr %qp{u}, align 1"]
+        else:
+            iota = ", ".join(f"i32 {j}" for j in range(32))
+            s += [f"  %p{u} = load <16 x i8>, ptr %qp{u}, align 1"]
+            s += [f"  %lo{u} = and <16 x i8> %p{u}, {splat('i8', 16, 15)}"]
+            s += [f"  %hi{u} = lshr <16 x i8> %p{u}, {splat('i8', 16, 4)}"]
+            q = f"%q{u}" if kind == "u4" else f"%q0{u}"
+            s += [f"  {q} = shufflevector <16 x i8> %lo{u}, <16 x i8> %hi{u}, <32 x i32> <{iota}>"]
+            if kind == "s4":
+                s += [f"  %q{u} = sub {b32} %q0{u}, {splat('i8', 32, 8)}"]
+        if kind != "u4":
+            s += [f"  %ax{u} = call {b32} @llvm.abs.v32i8({b32} %q{u}, i1 false)"]
+    for r in range(g):  # x row r's block b: int8 values, scale (and d * sum(q))
+        s += [f"  %yp{t}{r} = getelementptr i8, ptr %xq{r}, i64 %{t}xo"]
+        s += [f"  %yv{t}{r} = load {b32}, ptr %yp{t}{r}, align 1"]
+        s += [f"  %dxp{t}{r} = getelementptr float, ptr %xd{r}, i64 %{t}b"]
+        s += [f"  %dx{t}{r} = load float, ptr %dxp{t}{r}, align 4"]
+        if kind == "u4":
+            s += [f"  %sxp{t}{r} = getelementptr float, ptr %xs{r}, i64 %{t}b"]
+            s += [f"  %sx{t}{r} = load float, ptr %sxp{t}{r}, align 4"]
+    for i, r in pairs:
+        u, x = f"{t}{i}_{r}", f"{t}{r}"
+        if kind == "u4":
+            a, b = f"%q{t}{i}", f"%yv{x}"
+        else:
+            s += [f"  %sy{u} = call {b32} @llvm.x86.avx2.psign.b({b32} %yv{x}, {b32} %q{t}{i})"]
+            a, b = f"%ax{t}{i}", f"%sy{u}"
+        if vnni:
+            s += [
+                f"  %ub{u} = bitcast {b32} {a} to <8 x i32>",
+                f"  %vb{u} = bitcast {b32} {b} to <8 x i32>",
+            ]
+            s += [
+                f"  %pi{u} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>"
+                f" zeroinitializer, <8 x i32> %ub{u}, <8 x i32> %vb{u})"
+            ]
+        else:
+            s += [f"  %pr{u} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({b32} {a}, {b32} {b})"]
+            s += [
+                f"  %pi{u} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %pr{u},"
+                f" <16 x i16> {splat('i16', 16, 1)})"
+            ]
+        s += [f"  %pv{u} = sitofp <8 x i32> %pi{u} to {v8f}"]
+        s += [f"  %dd{u} = fmul float %dw{t}{i}, %dx{x}"]
+        s += [f"  %ddi{u} = insertelement {v8f} poison, float %dd{u}, i32 0"]
+        s += [f"  %ddv{u} = shufflevector {v8f} %ddi{u}, {v8f} poison, <8 x i32> zeroinitializer"]
+        s += [
+            f"  %{t}an{i}_{r} = call {v8f} @llvm.fma.v8f32({v8f} %ddv{u}, {v8f} %pv{u},"
+            f" {v8f} %{t}a{i}_{r})"
+        ]
+        if kind == "u4":
+            s += [
+                f"  %{t}sn{i}_{r} = call float @llvm.fma.f32(float %mw{t}{i}, float %sx{x},"
+                f" float %{t}s{i}_{r})"
+            ]
+    s += [f"  %{t}b1 = add i64 %{t}b, 1", f"  %{t}bc = icmp ult i64 %{t}b1, %nb"]
+    s += [f"  br i1 %{t}bc, label %{t}blk, label %{t}rowend", f"{t}rowend:"]
+    lanes = lambda *ix: ", ".join(f"i32 {j}" for j in ix)  # noqa: E731
+    for i, r in pairs:  # the eight lanes summed by a fixed tree
+        u, acc = f"{t}{i}_{r}", f"%{t}an{i}_{r}"
+        s += [
+            f"  %ha{u} = shufflevector {v8f} {acc}, {v8f} poison, <4 x i32> <{lanes(0, 1, 2, 3)}>"
+        ]
+        s += [
+            f"  %hb{u} = shufflevector {v8f} {acc}, {v8f} poison, <4 x i32> <{lanes(4, 5, 6, 7)}>"
+        ]
+        s += [f"  %hc{u} = fadd <4 x float> %ha{u}, %hb{u}"]
+        s += [
+            f"  %hd{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{lanes(0, 1)}>"
+        ]
+        s += [
+            f"  %he{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{lanes(2, 3)}>"
+        ]
+        s += [f"  %hf{u} = fadd <2 x float> %hd{u}, %he{u}"]
+        s += [f"  %hg{u} = extractelement <2 x float> %hf{u}, i32 0"]
+        s += [f"  %hh{u} = extractelement <2 x float> %hf{u}, i32 1"]
+        s += [f"  %t{u} = fadd float %hg{u}, %hh{u}"]
+        out = f"%t{u}"
+        if kind == "u4":
+            s += [f"  %tm{u} = fadd float %t{u}, %{t}sn{i}_{r}"]
+            out = f"%tm{u}"
+        s += [f"  %yq{u} = getelementptr float, ptr %y{r}, i64 %{t}ni{i}"]
+        s += [f"  store float {out}, ptr %yq{u}, align 4"]
+    s += [f"  %{t}n1 = add i64 %{t}n, {nr}", f"  %{t}nn = add i64 %{t}n1, {nr}"]
+    s += [
+        f"  %{t}nc = icmp ule i64 %{t}nn, %{t}end",
+        f"  br i1 %{t}nc, label %{t}row, label %{nxt}",
+    ]
+    return s
+
+
+def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
+    """y[r, n] for weight rows n in [r0, r1) and x rows r < g of one format (see module doc).
+
+    Two weight rows at a time (two independent FMA chains per x row, each x block loaded once
+    for both), then the odd row alone.
+    """
     name = f"ember_qdot_{qtype.lower()}_{g}{'_vnni' if vnni else ''}"
     s = [
         f"define void @{name}(i64 %wi, i64 %rowb, i64 %nb, i64 %r0, i64 %r1, i64 %xqi,"
@@ -74,7 +201,7 @@ def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
         "  %xs = inttoptr i64 %xsi to ptr",
         "  %y = inttoptr i64 %yi to ptr",
     ]
-    for r in rows:
+    for r in range(g):
         s += [
             f"  %xqo{r} = mul i64 %ldx, {r}",
             f"  %xq{r} = getelementptr i8, ptr %xq, i64 %xqo{r}",
@@ -85,97 +212,14 @@ def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
         ]
         s += [f"  %xs{r} = getelementptr float, ptr %xs, i64 %xdo{r}"]
         s += [f"  %yo{r} = mul i64 %ldy, {r}", f"  %y{r} = getelementptr float, ptr %y, i64 %yo{r}"]
-    s += ["  %none = icmp uge i64 %r0, %r1", "  br i1 %none, label %done, label %row", "row:"]
-    s += ["  %n = phi i64 [%r0, %entry], [%n1, %rowend]"]
-    s += ["  %wo = mul i64 %n, %rowb", "  %wr = getelementptr i8, ptr %w, i64 %wo"]
-    s += ["  br label %blk", "blk:", "  %b = phi i64 [0, %row], [%b1, %blk]"]
-    s += [f"  %acc{r} = phi {v8f} [zeroinitializer, %row], [%accn{r}, %blk]" for r in rows]
-    if kind == "u4":
-        s += [f"  %sm{r} = phi float [0.0, %row], [%smn{r}, %blk]" for r in rows]
-    s += [f"  %bo = mul i64 %b, {bs}", "  %wb = getelementptr i8, ptr %wr, i64 %bo"]
-    s += [f"  %pf = getelementptr i8, ptr %wb, i64 {PREFETCH}"]
-    s += ["  call void @llvm.prefetch.p0(ptr %pf, i32 0, i32 3, i32 1)"]
-    s += ["  %dh = load half, ptr %wb, align 1", "  %dw = fpext half %dh to float"]
-    if kind == "u4":
-        s += ["  %mp = getelementptr i8, ptr %wb, i64 2", "  %mh = load half, ptr %mp, align 1"]
-        s += ["  %mw = fpext half %mh to float"]
-    s += [f"  %qp = getelementptr i8, ptr %wb, i64 {qoff}"]
-    if kind == "s8":
-        s += [f"  %q = load {b32}, ptr %qp, align 1"]
-    else:
-        iota = ", ".join(f"i32 {i}" for i in range(32))
-        s += ["  %p = load <16 x i8>, ptr %qp, align 1"]
-        s += [f"  %lo = and <16 x i8> %p, {splat('i8', 16, 15)}"]
-        s += [f"  %hi = lshr <16 x i8> %p, {splat('i8', 16, 4)}"]
-        q = "%q" if kind == "u4" else "%q0"
-        s += [f"  {q} = shufflevector <16 x i8> %lo, <16 x i8> %hi, <32 x i32> <{iota}>"]
-        if kind == "s4":
-            s += [f"  %q = sub {b32} %q0, {splat('i8', 32, 8)}"]
-    if kind != "u4":
-        s += [f"  %ax = call {b32} @llvm.abs.v32i8({b32} %q, i1 false)"]
-    s += ["  %xo = shl i64 %b, 5"]
-    for r in rows:
-        s += [f"  %yp{r} = getelementptr i8, ptr %xq{r}, i64 %xo"]
-        s += [f"  %yv{r} = load {b32}, ptr %yp{r}, align 1"]
-        if kind == "u4":
-            u, v = "%q", f"%yv{r}"
-        else:
-            s += [f"  %sy{r} = call {b32} @llvm.x86.avx2.psign.b({b32} %yv{r}, {b32} %q)"]
-            u, v = "%ax", f"%sy{r}"
-        if vnni:
-            s += [f"  %ub{r} = bitcast {b32} {u} to <8 x i32>"]
-            s += [f"  %vb{r} = bitcast {b32} {v} to <8 x i32>"]
-            s += [
-                f"  %pi{r} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>"
-                f" zeroinitializer, <8 x i32> %ub{r}, <8 x i32> %vb{r})"
-            ]
-        else:
-            s += [f"  %pr{r} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({b32} {u}, {b32} {v})"]
-            s += [
-                f"  %pi{r} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %pr{r},"
-                f" <16 x i16> {splat('i16', 16, 1)})"
-            ]
-        s += [f"  %pv{r} = sitofp <8 x i32> %pi{r} to {v8f}"]
-        s += [f"  %dxp{r} = getelementptr float, ptr %xd{r}, i64 %b"]
-        s += [f"  %dx{r} = load float, ptr %dxp{r}, align 4"]
-        s += [f"  %dd{r} = fmul float %dw, %dx{r}"]
-        s += [f"  %ddi{r} = insertelement {v8f} poison, float %dd{r}, i32 0"]
-        s += [f"  %ddv{r} = shufflevector {v8f} %ddi{r}, {v8f} poison, <8 x i32> zeroinitializer"]
-        s += [
-            f"  %accn{r} = call {v8f} @llvm.fma.v8f32({v8f} %ddv{r}, {v8f} %pv{r}, {v8f} %acc{r})"
-        ]
-        if kind == "u4":
-            s += [f"  %sxp{r} = getelementptr float, ptr %xs{r}, i64 %b"]
-            s += [f"  %sx{r} = load float, ptr %sxp{r}, align 4"]
-            s += [f"  %smn{r} = call float @llvm.fma.f32(float %mw, float %sx{r}, float %sm{r})"]
-    s += ["  %b1 = add i64 %b, 1", "  %bc = icmp ult i64 %b1, %nb"]
-    s += ["  br i1 %bc, label %blk, label %rowend", "rowend:"]
-    for r in rows:  # the eight lanes summed by a fixed tree
-        s += [
-            f"  %ha{r} = shufflevector {v8f} %accn{r}, {v8f} poison, <4 x i32> <i32 0, i32 1, i32 2, i32 3>"
-        ]  # noqa: E501
-        s += [
-            f"  %hb{r} = shufflevector {v8f} %accn{r}, {v8f} poison, <4 x i32> <i32 4, i32 5, i32 6, i32 7>"
-        ]  # noqa: E501
-        s += [f"  %hc{r} = fadd <4 x float> %ha{r}, %hb{r}"]
-        s += [
-            f"  %hd{r} = shufflevector <4 x float> %hc{r}, <4 x float> poison, <2 x i32> <i32 0, i32 1>"
-        ]  # noqa: E501
-        s += [
-            f"  %he{r} = shufflevector <4 x float> %hc{r}, <4 x float> poison, <2 x i32> <i32 2, i32 3>"
-        ]  # noqa: E501
-        s += [f"  %hf{r} = fadd <2 x float> %hd{r}, %he{r}"]
-        s += [f"  %hg{r} = extractelement <2 x float> %hf{r}, i32 0"]
-        s += [f"  %hh{r} = extractelement <2 x float> %hf{r}, i32 1"]
-        s += [f"  %t{r} = fadd float %hg{r}, %hh{r}"]
-        out = f"%t{r}"
-        if kind == "u4":
-            s += [f"  %tm{r} = fadd float %t{r}, %smn{r}"]
-            out = f"%tm{r}"
-        s += [f"  %yq{r} = getelementptr float, ptr %y{r}, i64 %n"]
-        s += [f"  store float {out}, ptr %yq{r}, align 4"]
-    s += ["  %n1 = add i64 %n, 1", "  %nc = icmp ult i64 %n1, %r1"]
-    s += ["  br i1 %nc, label %row, label %done", "done:", "  ret void", "}"]
+    s += ["  %len = sub i64 %r1, %r0", "  %odd = and i64 %len, 1", "  %Pend = sub i64 %r1, %odd"]
+    s += ["  %Pn0 = add i64 %r0, 0", "  %Pany = icmp ult i64 %r0, %Pend"]
+    s += ["  br i1 %Pany, label %Prow, label %tail"]
+    s += _rows_ir(qtype, g, vnni, 2, "P", "entry", "tail")
+    s += ["tail:", "  %Send = add i64 %r1, 0", "  %Sn0 = add i64 %Pend, 0"]
+    s += ["  %Sany = icmp ult i64 %Pend, %r1", "  br i1 %Sany, label %Srow, label %done"]
+    s += _rows_ir(qtype, g, vnni, 1, "S", "tail", "done")
+    s += ["done:", "  ret void", "}"]
     return "\n".join(s)
 
 
