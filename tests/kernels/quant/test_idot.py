@@ -122,13 +122,19 @@ def schedule(request, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _int8(monkeypatch):
+    """Every format with an integer kernel uses it here, Q8_0 too (by default it keeps float
+    activations: _common.INT_DOT_FORMATS)."""
     monkeypatch.setattr(config, "QUANT_DOT", "int8")
+    monkeypatch.setattr(_common, "INT_DOT_FORMATS", tuple(FORMATS))
 
 
-def test_the_formats_use_the_integer_kernels():
+def test_the_formats_use_the_integer_kernels(monkeypatch):
     for q in FORMATS:
         assert _load(q).int_dot()
     assert not _load("Q4_K").int_dot()
+    monkeypatch.undo()
+    monkeypatch.setattr(config, "QUANT_DOT", "int8")
+    assert [_load(q).int_dot() for q in FORMATS] == [q != "Q8_0" for q in FORMATS]
 
 
 def test_quantization_matches_numpy():
@@ -297,6 +303,7 @@ from ember.kernels import registry
 from ember.kernels.cpu.quant import _common
 from tests.quant.conftest import random_blocks
 registry.kernels("linear_q")
+_common.INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
 rng = np.random.default_rng(2)
 out = []
 for q, bs in (("Q8_0", 34), ("Q4_0", 18), ("Q4_1", 20)):

@@ -38,6 +38,12 @@ from ember.quant.formats import block_format, dequantize
 
 F32 = np.float32
 U8 = np.uint8
+# Formats whose decode products quantize x to int8 (kernels in _idot). Q8_0 keeps float x:
+# at M = 1 its integer kernel is only level with the float one on large weights (the bundled
+# model's 49152-row head), and the int8 step flips near ties float keeps (the bundled SmolLM2's
+# answer to "What is the capital of France?": "Paris" with a float head, "L'Étoile" with an int8
+# one, as llama.cpp answers). _idot's Q8_0 kernel stays built and tested for when it pays.
+INT_DOT_FORMATS = ("Q4_0", "Q4_1")
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
@@ -190,7 +196,6 @@ class QuantKernels:
         self._dq = qjit(dq, parallel=True)
         self._dq1 = qjit(dq, suffix="serial")  # prefill tiles: one thread per tile, no team
         self.dequantize_reference = dequantize_reference
-        self._int = self.qtype in _idot.SPECS  # Q8_0, Q4_0, Q4_1: integer kernels (_idot)
         FORMATS[self.qtype] = self
 
     def __repr__(self) -> str:
@@ -303,7 +308,7 @@ class QuantKernels:
 
     def int_dot(self) -> bool:
         """Whether products of up to ``_idot.MAX_M`` rows run the integer kernels here."""
-        return self._int and _idot.available()
+        return self.qtype in INT_DOT_FORMATS and _idot.available()
 
     def _int_product(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` by the integer kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
