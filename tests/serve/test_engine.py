@@ -26,7 +26,7 @@ class FakeRunner:
 
     context_length = 4096
 
-    def new_cache(self, capacity: int) -> FakeCache:
+    def new_cache(self, capacity: int, prompt=None, block: int = 0) -> FakeCache:
         return FakeCache(capacity)
 
     def reserve(self, cache: FakeCache, length: int) -> FakeCache:

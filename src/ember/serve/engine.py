@@ -67,9 +67,13 @@ class StepInput:
 
 @dataclass(eq=False)
 class Slot:
-    """A sequence's row of the runner's ``BatchKVCache`` (what the engine holds as its cache)."""
+    """A sequence's row of the runner's ``BatchKVCache`` (what the engine holds as its cache).
+
+    reused: prompt positions already in the row when it was handed out (a shared prefix).
+    """
 
     index: int
+    reused: int = 0
 
 
 class StepRunner:
@@ -83,6 +87,14 @@ class StepRunner:
     forward computes exactly what that sequence would alone, so a request's greedy output does
     not depend on what else runs. Longrope models (their positions depend on a sequence's whole
     history) keep one ``KVCache`` per sequence and run one after another.
+
+    Shared prefixes: a slot remembers the prompt blocks it was fed as whole prompt chunks (a
+    feed of exactly ``block`` tokens at a multiple of ``block``). A new sequence whose prompt
+    starts with such blocks gets them copied into its slot (or keeps them, when that slot is the
+    free one it gets) and starts its prefill after them. Only whole chunks are reused, so the
+    reused keys and values are bitwise those the sequence would compute itself: a prefix hit
+    changes time to first token, never an output. Free slots keep their blocks until reused
+    (least recently freed first).
     """
 
     # decode rows per forward: the quantized kernels compute M <= 8 rows one matrix-vector pass
@@ -101,19 +113,49 @@ class StepRunner:
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self._dims = (cfg.num_hidden_layers, self.model.num_kv_heads, int(hd))
         self._slots = max(1, slots)
-        self._free = list(range(self._slots))[::-1]
+        self._free = list(range(self._slots))  # least recently freed first
         self.cache: Any = None  # the BatchKVCache, made at the first sequence
+        self._prefix: dict[int, list[int]] = {}  # slot -> its reusable prompt blocks' tokens
+        self._block: dict[int, int] = {}  # slot -> its prompt chunk size (0: no reuse)
+        self.reused_tokens = 0  # prompt positions served from shared prefixes so far
 
-    def new_cache(self, capacity: int) -> Any:
-        """A cache for one sequence of up to `capacity` positions (grown on demand)."""
+    def new_cache(self, capacity: int, prompt: list[int] | None = None, block: int = 0) -> Any:
+        """A cache for one sequence of up to `capacity` positions (grown on demand); with its
+        prompt and prompt chunk size, a slot that may already hold a shared prefix of it."""
         if self._fixed:
             return self._alloc(min(capacity, self.context_length))
         if not self._free:  # more sequences than slots: twice the slots
-            self._free = list(range(2 * self._slots - 1, self._slots - 1, -1))
+            self._free = list(range(self._slots, 2 * self._slots))
             self._slots *= 2
-        slot = Slot(self._free.pop())
         self._resize(min(self.initial_capacity, capacity, self.context_length))
-        return slot
+        src, n = self._longest_prefix(prompt or [], block)
+        dst = src if src in self._free else self._free[0]
+        self._free.remove(dst)
+        if n and src != dst:
+            self.cache.copy(src, dst, n)
+        self.cache.crop(dst, n)
+        self._prefix[dst] = list(self._prefix.get(src, [])[:n]) if n else []
+        self._block[dst] = block
+        self.reused_tokens += n
+        return Slot(dst, n)
+
+    def _longest_prefix(self, prompt: list[int], block: int) -> tuple[int, int]:
+        """(slot, positions) of the longest reusable prefix of prompt: whole blocks, at least
+        one prompt token left to feed; (-1, 0) when none."""
+        best, best_n = -1, 0
+        if block <= 0:
+            return best, best_n
+        limit = (len(prompt) - 1) // block * block
+        for slot, toks in self._prefix.items():
+            if self._block.get(slot) != block or len(toks) < block or best_n >= limit:
+                continue
+            n = 0
+            top = min(limit, len(toks))
+            while n < top and toks[n : n + block] == prompt[n : n + block]:
+                n += block
+            if n > best_n or (n == best_n and n and slot in self._free):
+                best, best_n = slot, n
+        return best, best_n
 
     def reserve(self, cache: Any, length: int) -> Any:
         """A cache holding at least `length` positions: `cache` itself, or a larger copy."""
@@ -129,9 +171,8 @@ class StepRunner:
         return new
 
     def release(self, cache: Any) -> None:
-        """The sequence is done: its slot is free for the next one."""
+        """The sequence is done: its slot is free for the next one (its prefix kept)."""
         if isinstance(cache, Slot):
-            self.cache.reset(cache.index)
             self._free.append(cache.index)
 
     def _alloc(self, capacity: int) -> Any:
@@ -165,6 +206,11 @@ class StepRunner:
 
         out: list = [None] * len(inputs)
         batch = [i for i, inp in enumerate(inputs) if isinstance(inp.cache, Slot)]
+        for i in batch:  # a whole prompt chunk right after the slot's blocks: one block more
+            slot, toks = inputs[i].cache.index, self._prefix[inputs[i].cache.index]
+            block = self._block[slot]
+            if block and len(inputs[i].tokens) == block and self.cache.lengths[slot] == len(toks):
+                toks.extend(inputs[i].tokens)
         decode = [i for i in batch if len(inputs[i].tokens) == 1]
         with ember.no_grad():
             for c in range(0, len(decode), self.MAX_BATCH):
@@ -464,7 +510,8 @@ class Engine:
             while self._waiting and len(self._running) < self.max_running:
                 seq = self._waiting.popleft()
                 need = len(seq.spec.prompt) + seq.spec.max_tokens
-                seq.cache = self.runner.new_cache(need)
+                seq.cache = self.runner.new_cache(need, seq.spec.prompt, self.prefill_chunk)
+                seq.fed = getattr(seq.cache, "reused", 0)  # a shared prefix already there
                 self._running.append(seq)
 
     def _step(self) -> None:
