@@ -3,6 +3,7 @@
     python bench/serve.py [--threads 2] [--streams 1 4 8 16] [--tokens 64] [--requests 2]
                           [--llama-server PATH] [--engines ember,llama-server,llama-cpp-python]
     python bench/serve.py --soak [--clients 64] [--seconds 120]
+    python bench/serve.py --prefix [--requests 3]
 
 Each engine is started on a free loopback port with the bundled SmolLM2 GGUF and the same thread
 count, as its users start it (its own defaults otherwise; llama-server with ``-np`` = the most
@@ -11,6 +12,10 @@ streams, its continuous-batching slots), then driven by N concurrent clients tha
 answer tokens: ``ignore_eos`` where the engine takes it). Reported per engine and N: aggregate
 generated tokens/s (all clients' tokens / wall time), time to first token and inter-token latency
 (p50 and p99 over all requests). The engines run one after another, never at once.
+
+``--prefix``: ember only: time to first token of a chat whose ~500-token system prompt the
+server has seen before (its whole prompt chunks reused from a finished request) against one it
+has not (a new system prompt each time), median of ``--requests`` each.
 
 ``--soak``: ember only, ``--clients`` clients for ``--seconds``: a mix of streamed and plain chat
 and completions, malformed bodies, bad parameters, over-long prompts and clients that hang up
@@ -28,6 +33,7 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -349,6 +355,57 @@ def soak(args, path: str) -> None:
         sys.exit(f"soak: {n5} answers were 5xx")
 
 
+def prefix(args, path: str) -> None:
+    """TTFT with a repeated ~500-token system prompt vs a new one each time (ember)."""
+    import httpx
+
+    eng = engines(argparse.Namespace(**{**vars(args), "engines": "ember"}), path)[0]
+    eng.start()
+    words = "the server keeps whole prompt chunks of earlier requests and reuses them".split()
+    rng = random.Random(0)
+
+    def system(tag: str) -> str:
+        return tag + " " + " ".join(rng.choice(words) for _ in range(430))
+
+    async def ttft(sys_prompt: str, q: str) -> tuple[float, int]:
+        async with httpx.AsyncClient(timeout=600) as client:
+            body = {
+                "model": eng.model,
+                "max_tokens": 1,
+                "temperature": 0,
+                "messages": [
+                    {"role": "system", "content": sys_prompt},
+                    {"role": "user", "content": q},
+                ],
+            }
+            t0 = time.perf_counter()
+            r = await client.post(f"{eng.url}/v1/chat/completions", json=body)
+            return time.perf_counter() - t0, r.json()["usage"]["prompt_tokens"]
+
+    try:
+        shared = system("Rules A.")
+        asyncio.run(ttft(shared, "warm-up"))
+        cold, warm, n = [], [], 0
+        for i in range(args.requests):
+            t, n = asyncio.run(ttft(system(f"Rules {i}."), QUESTIONS[i % len(QUESTIONS)]))
+            cold.append(t)
+            warm.append(asyncio.run(ttft(shared, QUESTIONS[i % len(QUESTIONS)]))[0])
+    finally:
+        eng.stop()
+    c, w = statistics.median(cold), statistics.median(warm)
+    text = (
+        f"| prompt | TTFT median ms (best) |\n|---|---:|\n"
+        f"| new ~{n}-token system prompt (cold) | {c * 1e3:.0f} ({min(cold) * 1e3:.0f}) |\n"
+        f"| the same system prompt again (prefix reused) | {w * 1e3:.0f} ({min(warm) * 1e3:.0f}) |"
+        f"\n\n{args.requests} of each, alternating, {args.threads} threads; reuse is by whole "
+        f"prompt chunks (--prefill-chunk, 256 by default), cold / warm = {c / w:.2f}x; load "
+        f"average {os.getloadavg()[0]:.2f} at the end."
+    )
+    print(text)
+    if not args.no_save:
+        append("Serving: time to first token with a shared prefix (bench/serve.py --prefix)", text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -358,6 +415,7 @@ def main() -> None:
     ap.add_argument("--engines", default="ember,llama-server,llama-cpp-python")
     ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
     ap.add_argument("--soak", action="store_true")
+    ap.add_argument("--prefix", action="store_true", help="TTFT with a shared prefix (ember)")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--no-save", action="store_true", help="print only")
@@ -365,7 +423,7 @@ def main() -> None:
     from ember.models.hub import default_model_path
 
     path = str(default_model_path())
-    (soak if args.soak else throughput)(args, path)
+    (soak if args.soak else prefix if args.prefix else throughput)(args, path)
 
 
 if __name__ == "__main__":
