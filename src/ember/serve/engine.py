@@ -97,8 +97,9 @@ class StepRunner:
     (least recently freed first).
     """
 
-    # decode rows per forward: the quantized kernels compute M <= 8 rows one matrix-vector pass
-    # each, so a row's numbers are those of a batch of one (kernels.cpu.quant SMALL_M)
+    # decode rows per forward: up to 8 rows every quantized kernel computes each row as it would
+    # alone (Q4_0/Q4_1's int8 kernels up to 16, the others one matrix-vector pass per row up to
+    # kernels.cpu.quant SMALL_M = 8), so a row's numbers are those of a batch of one
     MAX_BATCH = 8
 
     def __init__(self, model: Any, slots: int = 8, initial_capacity: int = 512) -> None:
