@@ -15,6 +15,16 @@ def _smollm2_path() -> str | None:
     return path if os.path.exists(path) else None
 
 
+@pytest.fixture(autouse=True)
+def float_activations(monkeypatch):
+    """These tests hold quantized products to the float product of the dequantized weight: the
+    float-activation kernels (the int8-activation ones, the default for Q4_0/Q4_1 up to 16
+    rows, have their own error bound in tests/kernels/quant/test_idot.py)."""
+    from ember import config
+
+    monkeypatch.setattr(config, "QUANT_DOT", "float")
+
+
 @pytest.fixture(scope="session")
 def smollm2_reader():
     """gguf.GGUFReader over the bundled SmolLM2 file (a test dependency, see pyproject)."""

@@ -49,6 +49,7 @@ def _first_data(lines) -> str:
 
 
 def test_queue_full_gets_429_with_retry_after(small):
+    _wait_idle(small.url)  # nothing left running or queued from an earlier test
     with httpx.Client(base_url=small.url, timeout=60) as a, httpx.Client(base_url=small.url) as b:
         with a.stream("POST", CHAT, json={**LONG, "stream": True}) as running:
             _first_data(running.iter_lines())  # it holds the only slot
