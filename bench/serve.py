@@ -208,7 +208,12 @@ def throughput(args, path: str) -> None:
             asyncio.run(load(eng, 1, 1, 8))  # warm-up
             base = None
             for n in args.streams:
-                r = asyncio.run(load(eng, n, args.requests, args.tokens))
+                try:
+                    r = asyncio.run(load(eng, n, args.requests, args.tokens))
+                except Exception as e:  # noqa: BLE001 - a peer that fails gets a row saying how
+                    rows.append(f"| {eng.name} | {n} | failed: {type(e).__name__}: {e} | | | | |")
+                    print(rows[-1], flush=True)
+                    break
                 base = base or r["tok_s"]
                 rows.append(
                     f"| {eng.name} | {n} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | "
