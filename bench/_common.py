@@ -30,7 +30,11 @@ def set_threads(threads: int) -> None:
     import torch
 
     import ember
-    from ember.kernels.cpu import numba_or_none
+
+    try:
+        from ember.kernels.cpu import numba_or_none
+    except ImportError:  # a tree from before the kernels moved (before/after runs)
+        from ember.backends.cpu.kernels import numba_or_none
 
     ember.set_num_threads(threads)
     numba_or_none()

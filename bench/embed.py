@@ -1,7 +1,9 @@
 """Sentence embeddings per second: ember vs sentence-transformers (torch), all-MiniLM-L6-v2.
 
-Both sides embed the same 32 sentences (10-20 words) in one process, interleaved repeat by
-repeat, with the same thread count (torch.set_num_threads / ember.set_num_threads):
+Both sides embed the same 32 sentences (10-20 words) with the same thread count
+(torch.set_num_threads / ember.set_num_threads), each engine timed in a process of its own (they
+share libgomp, so in one process each one's spinning OpenMP threads slow the other), the
+engines' processes alternating round by round:
 
 - "1 sentence": ``encode(s)`` called for each sentence in turn (latency-bound serving);
 - "32 sentences": one ``encode(sentences, batch_size=32)`` call (throughput).
@@ -10,8 +12,9 @@ Rows "encoder only" time the transformer alone on already-tokenized input: ember
 ``BertModel.forward_packed`` against transformers' ``BertModel`` on the batch padded to its
 longest sentence. The medians of the repeats are reported (and the best, which time spent
 preempted by other jobs inflates least); the table and the command go to bench/RESULTS.md.
+``--src PATH`` times another ember tree (its ``src`` folder), for before/after runs.
 
-    .venv/bin/python bench/embed.py [--threads 2] [--repeat 15] [--no-append]
+    .venv/bin/python bench/embed.py [--threads 2] [--repeat 15] [--src PATH] [--no-append]
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "src"))
+_argv = sys.argv[1:]
+SRC = next((a[6:] for a in _argv if a.startswith("--src=")), None) or next(
+    (b for a, b in zip(_argv, _argv[1:]) if a == "--src"), os.path.join(ROOT, "src")
+)
+sys.path.insert(0, SRC)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import numpy as np  # noqa: E402
@@ -105,13 +112,43 @@ HEADER = [
 ]
 
 
-def setup(threads: int) -> dict:
-    """Load both models with `threads` threads; the timed functions and facts about the inputs."""
+def setup(threads: int, only: str | None = None) -> dict:
+    """Load both models with `threads` threads; the timed functions and facts about the inputs.
+
+    only: "ember" or "torch": the timed functions of that engine alone (no facts)."""
+    if only == "ember":
+        import ember
+        from ember.models.sentence import SentenceTransformer, default_model_dir
+
+        ember.set_num_threads(threads)
+        em = SentenceTransformer(default_model_dir())
+        ids, types, cu = em.tokenize(SENTENCES)
+        return {"fns": {
+            "ember 1": lambda: [em.encode(s) for s in SENTENCES],
+            "ember 32": lambda: em.encode(SENTENCES, batch_size=32),
+            "ember enc": lambda: em.model.forward_packed(ids, cu, types),
+        }}  # fmt: skip
     import torch
     from _common import set_threads
     from sentence_transformers import SentenceTransformer as STorch
 
     from ember.models.sentence import SentenceTransformer, default_model_dir
+
+    if only == "torch":  # torch alone: no ember model, no numba in this process
+        torch.set_num_threads(threads)
+        st = STorch(str(default_model_dir()), device="cpu")
+        hf = st[0].auto_model.eval()
+        enc = st.tokenizer(SENTENCES, padding="longest", return_tensors="pt")
+
+        def encoder():
+            with torch.inference_mode():
+                hf(**enc)
+
+        return {"fns": {
+            "torch 1": lambda: [st.encode(s) for s in SENTENCES],
+            "torch 32": lambda: st.encode(SENTENCES, batch_size=32),
+            "torch enc": encoder,
+        }}  # fmt: skip
 
     set_threads(threads)
     d = str(default_model_dir())
@@ -151,22 +188,35 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--src", help="the ember tree's src folder to time (--src=PATH)")
     ap.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--wall-child", choices=["ember", "torch"], help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.cpu_child:  # one thread each from the start; print CPU times as JSON
         env = setup(1)
         print(json.dumps(interleaved(env["fns"], args.repeat, time.process_time)))
         return
+    if args.wall_child:  # one engine in this process; print wall times as JSON
+        env = setup(args.threads, only=args.wall_child)
+        print(json.dumps(interleaved(env["fns"], args.repeat)))
+        return
+
+    def child(*flags: str) -> dict:
+        cmd = [sys.executable, __file__, f"--src={SRC}", "--threads", str(args.threads), *flags]
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return json.loads(r.stdout.strip().splitlines()[-1])
 
     load = os.getloadavg()
-    env = setup(args.threads)
-    wall = interleaved(env["fns"], args.repeat)
-    child = subprocess.run(
-        [sys.executable, __file__, "--cpu-child", "--repeat", str(args.repeat)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    cpu = json.loads(child.stdout.strip().splitlines()[-1])
+    wall: dict = {}
+    rounds = 3
+    per = max(1, -(-args.repeat // rounds))
+    for _ in range(rounds):  # the engines' processes alternate
+        for engine in ("ember", "torch"):
+            for k, v in child("--wall-child", engine, "--repeat", str(per)).items():
+                wall.setdefault(k, []).extend(v)
+    env = setup(args.threads)  # the facts: cosine, load times, token counts
+    cpu = child("--cpu-child", "--repeat", str(args.repeat))
 
     import numba
     import torch
@@ -182,14 +232,15 @@ def main() -> None:
     mkl = f"MKL {torch.backends.mkl.is_available()}, oneDNN {torch.backends.mkldnn.is_available()}"
     lines = [
         f"all-MiniLM-L6-v2, {len(SENTENCES)} sentences of {min(n_words)}-{max(n_words)} words "
-        f"({f['tokens']} tokens, longest {f['longest']}); median (best) of {args.repeat} "
-        f"interleaved repeats; load average at start {load[0]:.2f}. Min cosine ember vs "
+        f"({f['tokens']} tokens, longest {f['longest']}); median (best) of {rounds * per} "
+        f"repeats; load average at start {load[0]:.2f}. Min cosine ember vs "
         f"sentence-transformers: {f['cos']:.7f}. Load time: ember {f['load_ember'] * 1e3:.0f} ms, "
         f"sentence-transformers {f['load_torch'] * 1e3:.0f} ms. numba {numba.__version__} "
         f"({layer} threads), torch {torch.__version__} ({mkl}), "
         f"transformers {transformers.__version__}.",
         "",
-        f"Wall time, {args.threads} threads each:",
+        f"Wall time, {args.threads} threads each, each engine in a process of its own "
+        f"({rounds} alternating rounds of {per} repeats):",
         "",
         *HEADER,
         *table_rows(wall, len(SENTENCES)),
