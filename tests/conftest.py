@@ -27,3 +27,13 @@ def _seed():
 
     ember.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def float_activations(monkeypatch):
+    """Quantized products with float activations (EMBER_QUANT_DOT=float): for checks that hold
+    them to the float product of the dequantized weight (the int8-activation kernels, the
+    default for Q4_0/Q4_1 up to 16 rows, have their own bound in tests/kernels/quant)."""
+    from ember import config
+
+    monkeypatch.setattr(config, "QUANT_DOT", "float")

@@ -62,10 +62,7 @@ def test_safetensors_to_quantized_gguf(smol_st, tmp_path):
         assert model(ember.tensor([[1, 2, 3]])).shape == (1, 3, 49152)
 
 
-def test_gguf_to_hf_folder_loads_and_agrees_with_the_gguf_model(tmp_path, monkeypatch):
-    from ember import config
-
-    monkeypatch.setattr(config, "QUANT_DOT", "float")  # float x: the folder's float products
+def test_gguf_to_hf_folder_loads_and_agrees_with_the_gguf_model(tmp_path, float_activations):
     out = tmp_path / "hf"
     assert main(["convert", str(SMOL), str(out)]) == 0
     hf = AutoModelForCausalLM.from_pretrained(out)

@@ -31,16 +31,6 @@ def test_weights_stay_quantized_and_mapped(smol):
     assert not w.data.flags.owndata  # a view into the memory map, never copied
 
 
-@pytest.fixture
-def float_activations(monkeypatch):
-    """The quantized products with float activations (EMBER_QUANT_DOT=float): the check that
-    holds ember to transformers' float32 numbers runs on them (by default the Q4_1 layers
-    quantize x to int8, as llama.cpp does; the test after it bounds that path)."""
-    from ember import config
-
-    monkeypatch.setattr(config, "QUANT_DOT", "float")
-
-
 def test_capital_of_france(smol):
     model, tok, _ = smol
     prompt = tok.apply_chat_template(
@@ -50,9 +40,16 @@ def test_capital_of_france(smol):
     assert "Paris" in answer, answer
 
 
-def test_logits_match_float_reference_from_the_same_gguf(smol, float_activations):
+@pytest.mark.parametrize("activations", ["float", "int8"])
+def test_logits_match_float_reference_from_the_same_gguf(smol, activations, request):
+    """Float activations: the same dequantized weights, so only float32 summation order differs.
+    int8 activations (the default Q4_1 decode kernels): on this prompt llama.cpp's logits (Q8
+    activations) differ from the float32 reference by up to 1.64 with the argmax equal at 9 of
+    10 positions (measured, llama-cpp-python 0.3.36); ember is held to 2.0 and 9 of 10."""
     import transformers
 
+    if activations == "float":
+        request.getfixturevalue("float_activations")
     model, tok, path = smol
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
@@ -62,28 +59,12 @@ def test_logits_match_float_reference_from_the_same_gguf(smol, float_activations
         want = ref(torch.tensor([ids])).logits[0].numpy()
     with ember.no_grad():
         got = model(ember.tensor([ids]))[0].numpy()
-    # same dequantized weights; differences come from float32 summation order only
-    np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
-    assert (got.argmax(-1) == want.argmax(-1)).all()
-
-
-def test_int8_activation_logits_stay_within_llama_cpps_error(smol):
-    """On this prompt llama.cpp's logits (Q8 activations) differ from the float32 reference by
-    up to 1.64 with the argmax equal at 9 of 10 positions (measured, llama-cpp-python 0.3.36);
-    ember's int8 Q4_1 layers (float Q8_0 head) stay within 2.0 and 9 of 10."""
-    import transformers
-
-    model, tok, path = smol
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    ids = tok.encode("The quick brown fox jumps over the lazy dog because")
-    with torch.no_grad():
-        want = ref(torch.tensor([ids])).logits[0].numpy()
-    with ember.no_grad():
-        got = model(ember.tensor([ids]))[0].numpy()
-    assert np.abs(got - want).max() < 2.0
-    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+    if activations == "float":
+        np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+    else:
+        assert np.abs(got - want).max() < 2.0
+        assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
 
 
 def test_streaming_pieces_join_to_the_full_text(smol):

@@ -16,13 +16,8 @@ def _smollm2_path() -> str | None:
 
 
 @pytest.fixture(autouse=True)
-def float_activations(monkeypatch):
-    """These tests hold quantized products to the float product of the dequantized weight: the
-    float-activation kernels (the int8-activation ones, the default for Q4_0/Q4_1 up to 16
-    rows, have their own error bound in tests/kernels/quant/test_idot.py)."""
-    from ember import config
-
-    monkeypatch.setattr(config, "QUANT_DOT", "float")
+def _float(float_activations):
+    """Every test here holds quantized products to the dequantized weight's float product."""
 
 
 @pytest.fixture(scope="session")

@@ -26,15 +26,20 @@ class FakeRunner:
 
     context_length = 4096
 
+    def __init__(self) -> None:
+        self.live: set[int] = set()  # caches handed out and not released yet
+
     def new_cache(self, capacity: int, prompt=None, block: int = 0) -> FakeCache:
-        return FakeCache(capacity)
+        cache = FakeCache(capacity)
+        self.live.add(id(cache))
+        return cache
 
     def reserve(self, cache: FakeCache, length: int) -> FakeCache:
         cache.max_len = max(cache.max_len, length)
         return cache
 
     def release(self, cache: FakeCache) -> None:
-        cache.released = True
+        self.live.remove(id(cache))  # a second release of one cache fails here
 
     def step(self, inputs: list[StepInput]) -> list[np.ndarray]:
         rows = []
@@ -142,7 +147,10 @@ def test_queue_limit_is_all_or_none_and_cancel_frees_slots():
             b.cancel()
             while e.num_running or e.num_waiting:
                 await asyncio.sleep(0.01)
-            return await _run(e.submit([_spec([5])]))
+            assert not e.runner.live  # cancelled sequences gave their caches back
+            out = await _run(e.submit([_spec([5])]))
+            assert not e.runner.live
+            return out
         finally:
             e.stop()
 

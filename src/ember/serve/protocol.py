@@ -337,19 +337,7 @@ def parse_chat(body: Any, limits: ModelLimits) -> GenerationRequest:
         logprobs = k
     elif body.get("top_logprobs") is not None:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    return GenerationRequest(
-        prompts=[prompt],
-        n=n,
-        max_tokens=[_max_tokens(body, len(prompt), limits, "messages")],
-        sampling=_sampling(body),
-        stop=_stop(body),
-        logprobs=logprobs,
-        stream=stream,
-        include_usage=include_usage,
-        model=model,
-        ignore_eos=_get(body, "ignore_eos", bool, False),
-        grammar=response_format(body),
-    )
+    return _request(body, limits, [prompt], "messages", model, n, stream, include_usage, logprobs)
 
 
 # --- completions -----------------------------------------------------------------------------
@@ -399,10 +387,15 @@ def parse_completion(body: Any, limits: ModelLimits) -> GenerationRequest:
     logprobs = _get(body, "logprobs", int)
     if logprobs is not None and not 0 <= logprobs <= 5:
         raise bad(f"'logprobs' must be in [0, 5], got {logprobs}", "logprobs")
+    return _request(body, limits, prompts, "prompt", model, n, stream, include_usage, logprobs)
+
+
+def _request(body, limits, prompts, param, model, n, stream, include_usage, logprobs):
+    """The GenerationRequest of a checked chat or completion body (its shared fields)."""
     return GenerationRequest(
         prompts=prompts,
         n=n,
-        max_tokens=[_max_tokens(body, len(p), limits, "prompt") for p in prompts],
+        max_tokens=[_max_tokens(body, len(p), limits, param) for p in prompts],
         sampling=_sampling(body),
         stop=_stop(body),
         logprobs=logprobs,

@@ -51,10 +51,9 @@ def _tol(want) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _float_kernels(monkeypatch):
+def _float_kernels(float_activations):
     """These tests hold the float kernels to float tolerances: the int8-activation kernels
-    (Q8_0/Q4_0/Q4_1, up to 16 rows of x) have their own bounds, in test_idot.py."""
-    monkeypatch.setattr(config, "QUANT_DOT", "float")
+    (Q4_0/Q4_1, up to 16 rows of x) have their own bounds, in test_idot.py."""
 
 
 @pytest.fixture(params=["serial", "static", "dynamic"])

@@ -593,9 +593,9 @@ def linear_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) 
 
 
 # Above this many rows the linear op's numpy path (OpenBLAS) runs instead: there the product
-# is compute-bound and OpenBLAS's packed-A loop is faster than these strided-A tiles (measured
-# on MiniLM's shapes, 384x384..1536, 2 threads: 1.2-1.7x faster than OpenBLAS up to 128 rows of
-# cold weights, 1.5-2x slower from 256 rows on); below it, reading the weight once wins.
+# is compute-bound and OpenBLAS's packed-A loop beats these strided-A tiles; below it, reading
+# the prepacked weight once wins (a one-off sweep of MiniLM's shapes with cold weights put the
+# crossover between 128 and 256 rows; bench/embed.py is the measurement of record).
 LINEAR_MAX_ROWS = 128
 
 

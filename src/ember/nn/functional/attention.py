@@ -370,20 +370,6 @@ __all__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
 # --- attention over a KV cache (decoders) ------------------------------------------------------
 
 
-def _allowed_keys(nb: int, nt: int, n_keys: int, past, window: int, pad) -> np.ndarray:
-    """Bool (B, T, n_keys): query i of row b (at position past[b] + i; past an int or (B,)) may
-    see key j; a query that may see no key sees all keys."""
-    qpos = np.reshape(past, (-1, 1, 1)) + np.arange(nt)[None, :, None]
-    kpos = np.arange(n_keys)[None, None, :]
-    ok = kpos <= qpos
-    if window > 0:
-        ok &= kpos > qpos - window
-    ok = np.broadcast_to(ok, (nb, nt, n_keys))
-    if pad is not None:
-        ok = ok & pad[:, None, :n_keys]
-    return ok | ~ok.any(-1, keepdims=True)
-
-
 class _CachedAttention(Function):
     """Causal attention of token-major q (b, t, hq, d) over keys [0, n_keys) of a KV cache.
 
@@ -426,7 +412,9 @@ class _CachedAttention(Function):
         if softcap:
             th = np.tanh(s / cd.type(softcap))
             s = th * cd.type(softcap)
-        ok = _allowed_keys(b, t, n, past, int(window or 0), pad)[:, None, None]
+        from ember.kernels.cpu.cached_attention import allowed_keys  # the kernels' mask
+
+        ok = allowed_keys(b, t, n, past, int(window or 0), pad)[:, None, None]
         s = np.where(ok, s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
