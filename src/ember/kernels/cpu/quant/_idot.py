@@ -373,13 +373,12 @@ def _build(nb, vnni: bool):
     opts = dict(cache=True, nogil=True, error_model="numpy")
     g["_quantize"] = nb.njit(**opts)(quantize_rows_py)  # no fast-math: numpy's roundings
     key = sys.modules[__name__]
-    g["_call"] = nb.njit(**opts)(vecmath.keyed(_call_py, key))
-    # the kernel names differ with VNNI: a cache entry of its own
-    drv = vecmath.keyed(_driver_py, key)
-    if vnni:
+    call, drv = vecmath.keyed(_call_py, key), vecmath.keyed(_driver_py, key)
+    if vnni:  # the kernel names differ: cache entries of their own (the dispatcher links them)
         from ember.kernels.cpu import renamed
 
-        drv = renamed(drv, "vnni")
+        call, drv = renamed(call, "vnni"), renamed(drv, "vnni")
+    g["_call"] = nb.njit(**opts)(call)
     return nb.njit(parallel=True, **opts)(drv)
 
 
