@@ -1,0 +1,24 @@
+"""LoRA and QLoRA adapters with peft's vocabulary and files (``LoraConfig``, ``get_peft_model``).
+
+A frozen model (float, or quantized with its weights kept as QTensors) gets low-rank adapters on
+the layers ``target_modules`` names; only the adapters train. ``save_pretrained`` writes the
+files peft reads, ``PeftModel.from_pretrained`` reads the ones peft writes, and
+``save_gguf_adapter`` / ``load_gguf_adapter`` the LoRA GGUF files llama.cpp reads.
+"""
+
+from ember.peft.config import LoraConfig, PeftConfigError
+from ember.peft.files import get_peft_model_state_dict, set_peft_model_state_dict
+from ember.peft.layer import LoraLinear, ModulesToSaveWrapper
+from ember.peft.model import LoraModel, PeftModel, get_peft_model
+
+__all__ = [
+    "LoraConfig",
+    "LoraLinear",
+    "LoraModel",
+    "ModulesToSaveWrapper",
+    "PeftConfigError",
+    "PeftModel",
+    "get_peft_model",
+    "get_peft_model_state_dict",
+    "set_peft_model_state_dict",
+]
