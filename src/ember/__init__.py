@@ -43,9 +43,13 @@ int = int32  # noqa: A001  (torch.int)
 
 __version__ = "0.1.0"
 
-from ember import data, nn, optim  # noqa: E402  (light: numpy only)
-
+# Sub-packages and names imported on first use (``ember.nn.Linear``, ``from ember import nn``,
+# ``import ember.nn`` all work), so ``import ember`` costs little more than numpy does.
 _LAZY = {
+    "nn": "ember.nn",
+    "optim": "ember.optim",
+    "data": "ember.data",
+    "utils": "ember.utils",
     "train": "ember.train",
     "models": "ember.models",
     "quant": "ember.quant",
@@ -53,18 +57,30 @@ _LAZY = {
     "generation": "ember.generation",
     "serialization": "ember.serialization",
 }
-_LAZY_ATTRS = {"save_file": "ember.serialization", "load_file": "ember.serialization"}
+_LAZY_ATTRS = {
+    "save": "ember.serialization",
+    "load": "ember.serialization",
+    "save_file": "ember.serialization",
+    "load_file": "ember.serialization",
+}
 
 
 def __getattr__(name: str):
-    """Import the heavier sub-packages (file formats, models, training UI) on first use."""
+    """Import the sub-packages (nn, optim, data, file formats, models) on first use."""
     import importlib
 
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
     if name in _LAZY_ATTRS:
-        return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
+        value = getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'ember' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily imported ones included (for completion and dir())."""
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_ATTRS))
 
 
 def is_tensor(obj) -> _builtins.bool:

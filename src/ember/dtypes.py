@@ -1,8 +1,14 @@
-"""The dtype table and torch's type-promotion rules."""
+"""The dtype table and torch's type-promotion rules.
+
+bfloat16 and the float8 types come from ``ml_dtypes``, which takes longer to import than the rest
+of ember together; it is imported the first time one of those dtypes' numpy type is needed
+(``DType.np``), or a numpy dtype from it is looked up, not at ``import ember``.
+"""
 
 from __future__ import annotations
 
-import ml_dtypes
+import sys
+
 import numpy as np
 
 from ember.errors import DTypeError
@@ -13,14 +19,28 @@ BOOL, INT, FLOAT = 0, 1, 2
 class DType:
     """A tensor element type; compares equal to itself and hashes by name."""
 
-    __slots__ = ("name", "np", "itemsize", "category", "is_signed")
+    __slots__ = ("name", "np", "itemsize", "category", "is_signed", "_ml_name")
 
-    def __init__(self, name: str, np_dtype: np.dtype, category: int, is_signed: bool) -> None:
+    def __init__(
+        self, name: str, np_dtype: np.dtype | str, category: int, is_signed: bool, itemsize: int = 0
+    ) -> None:
         self.name = name
-        self.np = np.dtype(np_dtype)
-        self.itemsize = self.np.itemsize
+        if isinstance(np_dtype, str):  # an ml_dtypes type, named: resolved on first use of .np
+            self._ml_name = np_dtype
+            self.itemsize = itemsize
+        else:
+            self._ml_name = None
+            self.np = np.dtype(np_dtype)
+            self.itemsize = self.np.itemsize
         self.category = category
         self.is_signed = is_signed
+
+    def __getattr__(self, attr: str):
+        # Called only for a slot not yet set: ``np`` of an ml_dtypes type before its first use.
+        if attr == "np" and object.__getattribute__(self, "_ml_name") is not None:
+            _load_ml_dtypes()
+            return object.__getattribute__(self, "np")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
 
     @property
     def is_floating_point(self) -> bool:
@@ -41,12 +61,13 @@ int16 = DType("int16", np.int16, INT, True)
 int32 = DType("int32", np.int32, INT, True)
 int64 = DType("int64", np.int64, INT, True)
 float16 = DType("float16", np.float16, FLOAT, True)
-bfloat16 = DType("bfloat16", ml_dtypes.bfloat16, FLOAT, True)
+bfloat16 = DType("bfloat16", "bfloat16", FLOAT, True, itemsize=2)
 float32 = DType("float32", np.float32, FLOAT, True)
 float64 = DType("float64", np.float64, FLOAT, True)
 # float8 types exist for storage (safetensors); compute upcasts them.
-float8_e4m3fn = DType("float8_e4m3fn", ml_dtypes.float8_e4m3fn, FLOAT, True)
-float8_e5m2 = DType("float8_e5m2", ml_dtypes.float8_e5m2, FLOAT, True)
+float8_e4m3fn = DType("float8_e4m3fn", "float8_e4m3fn", FLOAT, True, itemsize=1)
+float8_e5m2 = DType("float8_e5m2", "float8_e5m2", FLOAT, True, itemsize=1)
+_ML = (bfloat16, float8_e4m3fn, float8_e5m2)
 
 ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 _BY_NAME = {d.name: d for d in ALL + (float8_e4m3fn, float8_e5m2)}
@@ -65,7 +86,50 @@ _BY_NAME.update(
         "f64": float64,
     }
 )
-_BY_NP = {d.np: d for d in ALL + (float8_e4m3fn, float8_e5m2)}
+_BY_NP = {d.np: d for d in ALL if d not in _ML}  # the ml_dtypes types join on first use
+
+
+def _load_ml_dtypes() -> None:
+    """Import ml_dtypes and give bfloat16 and the float8 types their numpy dtypes."""
+    import ml_dtypes
+
+    for d in _ML:
+        if d._ml_name is not None:
+            d.np = np.dtype(getattr(ml_dtypes, d._ml_name))
+            _BY_NP[d.np] = d
+            d._ml_name = None
+
+
+def is_half_float(d: np.dtype) -> bool:
+    """Whether a numpy dtype is float16 or bfloat16 (without importing ml_dtypes to ask)."""
+    return d == _np_float16 or getattr(d, "name", None) == "bfloat16"
+
+
+class _HalfFloats:
+    """``d in HALF_FLOATS``: float16 or bfloat16, the types computed in float32 (torch's opmath)."""
+
+    __slots__ = ()
+
+    def __contains__(self, d: object) -> bool:
+        return is_half_float(d)
+
+    def __repr__(self) -> str:
+        return "HALF_FLOATS(float16, bfloat16)"
+
+
+HALF_FLOATS = _HalfFloats()
+_np_float16 = np.dtype(np.float16)
+
+
+def _by_np(d: np.dtype) -> DType:
+    try:
+        return _BY_NP[d]
+    except KeyError:
+        if "ml_dtypes" not in sys.modules or all(t._ml_name is None for t in _ML):
+            raise
+    _load_ml_dtypes()  # d may be one of its types: numpy had to import it to make d
+    return _BY_NP[d]
+
 
 float = float32  # noqa: A001  torch aliases
 double = float64
@@ -97,7 +161,7 @@ def get_dtype(spec) -> DType:
     if mod.startswith("torch"):
         return get_dtype(str(spec))
     try:
-        return _BY_NP[np.dtype(spec)]
+        return _by_np(np.dtype(spec))
     except (TypeError, KeyError):
         raise DTypeError(f"unsupported dtype {spec!r}") from None
 
@@ -108,7 +172,7 @@ _pyfloat, _pyint, _pybool = type(1.0), type(1), type(True)  # noqa: UP003 (names
 def from_numpy_dtype(d: np.dtype) -> DType:
     """The DType of a numpy dtype; DTypeError for types ember has no twin of."""
     try:
-        return _BY_NP[d]
+        return _by_np(d)
     except KeyError:
         raise DTypeError(f"numpy dtype {d} has no ember equivalent") from None
 

@@ -12,14 +12,22 @@ llama.cpp, by two ``mallopt`` calls.
 
 ``EMBER_MALLOC=system`` leaves malloc as it is (see ember.config). Elsewhere than glibc this does
 nothing.
+
+``allocate`` turns a factory's failed allocation (``ember.empty(2**40, 2**40)``, or one past the
+machine's memory) into an ``AllocationError`` that names the shape, dtype and byte size.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
 
 from ember import config
+from ember.errors import EmberError
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -46,3 +54,59 @@ def keep_freed_memory() -> bool:
     ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
     _applied = ok
     return ok
+
+
+# --------------------------------------------------------------------------- impossible sizes
+
+MAX_ARRAY_BYTES = 2**63 - 1  # numpy's cap on an array's byte size (zero dimensions counted as 1)
+
+
+class AllocationError(EmberError, MemoryError):
+    """A tensor too large to allocate or to describe at all; the message names its size."""
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} YiB"
+
+
+def allocation_error(op: str, shape: tuple, dtype: Any, cause: BaseException | None = None):
+    """The AllocationError for a tensor of shape and dtype that cannot exist or be allocated."""
+    dt = np.dtype(dtype)
+    n = dt.itemsize
+    for d in shape:
+        n *= d
+    if n == 0:
+        why = f"yet numpy cannot describe it (zero dimensions counted as 1, over {MAX_ARRAY_BYTES})"
+    elif cause is not None and not isinstance(cause, MemoryError):
+        why = f"more than any array can hold ({MAX_ARRAY_BYTES} bytes)"
+    else:
+        why = "more memory than could be allocated"
+    return AllocationError(
+        f"{op}: a tensor of shape {list(shape)} and dtype {dt.name} needs {n} bytes "
+        f"({_human(n)}), {why}"
+    )
+
+
+def too_large(shape: tuple, itemsize: int) -> bool:
+    """Whether numpy refuses this shape outright (its byte size overflows a signed 64-bit int)."""
+    n = max(itemsize, 1)
+    for d in shape:
+        n *= d or 1
+    return n > MAX_ARRAY_BYTES
+
+
+def allocate(make: Callable[[], Any], op: str, shape: tuple, dtype: Any) -> Any:
+    """make() (a numpy allocation of shape x dtype); AllocationError naming the size if it fails."""
+    try:
+        return make()
+    except MemoryError as e:
+        raise allocation_error(op, shape, dtype, e) from None
+    except ValueError as e:  # "array is too big", "iterator is too large", or another mistake
+        if too_large(tuple(shape), np.dtype(dtype).itemsize):
+            raise allocation_error(op, shape, dtype, e) from None
+        raise

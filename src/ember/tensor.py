@@ -23,7 +23,7 @@ from ember._tensor_operators import OperatorMethods
 from ember._tensor_reduce import ReduceMethods
 from ember._tensor_shape import ShapeMethods
 from ember.device import CPU, META, Device, as_device
-from ember.errors import AutogradError, DeviceError, DTypeError, ShapeError
+from ember.errors import AutogradError, DeviceError, DTypeError, ShapeError, UnsupportedError
 
 if TYPE_CHECKING:
     from typing import NamedTuple, TypeAlias
@@ -248,7 +248,7 @@ class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
 
     def is_floating_point(self) -> builtins.bool:
         """Whether the dtype is a float type."""
-        return self._data.dtype.kind == "f" or self._data.dtype == _dt.bfloat16.np
+        return self._data.dtype.kind == "f" or self._data.dtype.name == "bfloat16"
 
     def stride(self, dim: builtins.int | None = None) -> Any:
         """Strides in elements, as torch reports them."""
@@ -290,6 +290,40 @@ class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
             )
         return self._data
 
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[builtins.int, builtins.int] | None = None,
+        dl_device: Any = None,
+        copy: builtins.bool | None = None,
+    ) -> Any:
+        """The data as a DLPack capsule, zero-copy (torch.from_dlpack, np.from_dlpack, ...)."""
+        if self._device is META:
+            raise DeviceError("__dlpack__: a meta tensor has no data to export")
+        if self.requires_grad:
+            raise AutogradError(
+                "can't export a tensor that requires grad through DLPack; use tensor.detach()"
+            )
+        if self._data.dtype.kind == "V":  # ml_dtypes types; BufferError is DLPack's refusal
+            raise BufferError(
+                f"__dlpack__: numpy cannot export {self.dtype} through DLPack; cast to float32"
+            )
+        kw: dict[str, Any] = {}
+        if max_version is not None:
+            kw["max_version"] = max_version
+        if dl_device is not None:
+            kw["dl_device"] = dl_device
+        if copy is not None:
+            kw["copy"] = copy
+        return self._data.__dlpack__(stream=stream, **kw)
+
+    def __dlpack_device__(self) -> tuple[builtins.int, builtins.int]:
+        """(device type, device id) in DLPack's codes: (1, 0) for the CPU."""
+        if self._device is META:
+            raise DeviceError("__dlpack_device__: a meta tensor has no data to export")
+        return self._data.__dlpack_device__()
+
     def __array__(self, dtype: Any = None, copy: builtins.bool | None = None) -> np.ndarray:
         if self._device is META:
             raise DeviceError("a meta tensor has no data")
@@ -297,12 +331,6 @@ class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
         if dtype is not None and a.dtype != dtype:
             return a.astype(dtype)
         return a.copy() if copy else a
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._data.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self._data.__dlpack_device__()
 
     def item(self) -> Any:
         """The single value as a Python number."""
@@ -314,7 +342,7 @@ class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
             )
         v = (
             self._data.reshape(()).item()
-            if self._data.dtype != _dt.bfloat16.np
+            if self._data.dtype.name != "bfloat16"
             else float(self._data.reshape(()))
         )
         return v
@@ -366,7 +394,7 @@ class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
             extra = ", device='meta'"
         else:
             a = self._data
-            if a.dtype == _dt.bfloat16.np:
+            if a.dtype.name == "bfloat16":
                 a = a.astype(np.float32)
             body = np.array2string(a, separator=", ", precision=4, threshold=1000, prefix="tensor(")
         dt = self.dtype
@@ -503,6 +531,11 @@ class Tensor(OperatorMethods, MathMethods, ShapeMethods, ReduceMethods):
         create_graph: builtins.bool = False,
     ) -> None:
         """Compute gradients of this tensor with respect to graph leaves."""
+        if self._device is META:
+            raise UnsupportedError(
+                "backward() on the meta device: meta tensors have shapes but no data, so there "
+                "are no gradients to compute; run the graph on 'cpu' to train"
+            )
         _A.backward([self], None if gradient is None else [gradient], retain_graph)
 
     # ---------------------------------------------------------------- in-place machinery

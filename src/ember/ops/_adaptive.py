@@ -13,7 +13,7 @@ from ember.autograd import Function
 from ember.errors import DTypeError, ShapeError
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 _F32 = np.dtype(np.float32)
 
 

@@ -16,7 +16,7 @@ from ember.errors import DTypeError, ShapeError
 from ember.ops._util import wrap_dim
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 
 
 def _up(a: np.ndarray) -> np.ndarray:

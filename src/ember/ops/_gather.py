@@ -1,8 +1,9 @@
 """Gather and scatter by index tensors: gather, scatter, scatter_add, scatter_reduce,
 index_select/add/copy/fill, take, take_along_dim, one_hot and embedding.
 
-Re-exported by ember.ops.index. Index values are checked (IndexError with the bad value) and must
-be integer tensors (DTypeError otherwise). Gathers use Index from ember.ops._view, whose
+Re-exported by ember.ops.index. Index values are checked (IndexOutOfRangeError, an IndexError,
+with the bad value; negative ones only where torch takes them: index_fill, take, take_along_dim,
+put) and must be integer tensors (DTypeError otherwise). Gathers use Index from ember.ops._view, whose
 backward accumulates repeated indices.
 """
 
@@ -14,7 +15,7 @@ from ember import dtypes as _dt
 from ember.autograd import Function, meta_array
 from ember.device import META
 from ember.errors import DeviceError, DTypeError, ShapeError, UnsupportedError
-from ember.ops._util import acc_dtype, as_tensor_like, cast, wrap_dim
+from ember.ops._util import IndexOutOfRangeError, acc_dtype, as_tensor_like, cast, wrap_dim
 from ember.ops._view import Index, expand, reshape
 from ember.tensor import Tensor
 
@@ -33,10 +34,17 @@ def _int_index(index, op: str, like: Tensor) -> np.ndarray:
     return arr
 
 
-def _bounds(arr: np.ndarray, n: int, dim: int, op: str, like: Tensor) -> None:
-    if like._device is not META and arr.size and (arr.min() < -n or arr.max() >= n):
-        bad = arr[(arr < -n) | (arr >= n)].flat[0]
-        raise IndexError(f"{op}: index {bad} is out of bounds for dimension {dim} with size {n}")
+def _bounds(
+    arr: np.ndarray, n: int, dim: int, op: str, like: Tensor, negative: bool = False
+) -> None:
+    """Index values must lie in [0, n), or in [-n, n) where the op wraps negatives (as torch)."""
+    lo = -n if negative else 0
+    if like._device is not META and arr.size and (arr.min() < lo or arr.max() >= n):
+        bad = arr[(arr < lo) | (arr >= n)].flat[0]
+        raise IndexOutOfRangeError(
+            f"{op}: index {bad} is out of bounds for dimension {dim} with size {n}"
+            + ("" if negative or bad >= 0 else f" ({op} takes no negative indices, as in torch)")
+        )
 
 
 def _along(idx: np.ndarray, dim: int) -> tuple:
@@ -179,7 +187,7 @@ class ScatterReduce(Function):
             None,
             shp,
         )
-        lo = x.dtype in (np.float16, _dt.bfloat16.np)
+        lo = x.dtype in _dt.HALF_FLOATS
         xa, sa = (x.astype(np.float32), s.astype(np.float32)) if lo else (x, s)
         out = xa.copy()
         touched = np.zeros(x.shape, bool)
@@ -284,7 +292,7 @@ def scatter_reduce(
 
 
 # ------------------------------------------------------------------ index_* along one dim
-def _dim_index(input: Tensor, dim: int, index, op: str):
+def _dim_index(input: Tensor, dim: int, index, op: str, negative: bool = False):
     nd = input._data.ndim
     d = wrap_dim(dim, max(nd, 1))
     idx = _int_index(index, op, input)
@@ -292,7 +300,7 @@ def _dim_index(input: Tensor, dim: int, index, op: str):
         raise IndexError(f"{op}(): index is supposed to be a vector, got shape {list(idx.shape)}")
     idx = idx.reshape(-1)
     n = input._data.shape[d] if nd else 1
-    _bounds(idx, n, d, op, input)
+    _bounds(idx, n, d, op, input, negative)
     return d, idx
 
 
@@ -372,7 +380,7 @@ def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor
 
 def index_fill(input: Tensor, dim: int, index: Tensor, value) -> Tensor:
     """A copy of input with the slices at index along dim set to value (a number or 0-d tensor)."""
-    d, idx = _dim_index(input, dim, index, "index_fill")
+    d, idx = _dim_index(input, dim, index, "index_fill", negative=True)  # torch wraps here
     x = _atleast1(input)
     if isinstance(value, Tensor):
         if value._data.ndim:
@@ -395,7 +403,7 @@ def take(input: Tensor, index: Tensor) -> Tensor:
     n = input._data.size
     if input._device is not META and idx.size and (idx.min() < -n or idx.max() >= n):
         bad = idx[(idx < -n) | (idx >= n)].flat[0]
-        raise IndexError(
+        raise IndexOutOfRangeError(
             f"take: out of range: tried to access index {bad} on a tensor of {n} elements"
         )
     return Index.apply(reshape(input, -1), idx=(idx,), basic=False)
@@ -423,6 +431,11 @@ def take_along_dim(input: Tensor, indices: Tensor, dim: int | None = None) -> Te
         ) from None
     bx, bi = list(b), list(b)
     bx[d], bi[d] = input._data.shape[d], indices._data.shape[d]
+    # torch wraps negative indices here (not in gather): check [-n, n), then make them positive
+    n, idx = input._data.shape[d], _int_index(indices, "take_along_dim", input)
+    _bounds(idx, n, d, "take_along_dim", input, negative=True)
+    if input._device is not META and idx.size and idx.min() < 0:
+        indices = Tensor._wrap(np.where(idx < 0, idx + n, idx), indices._device)
     return gather(expand(input, tuple(bx)), d, expand(indices, tuple(bi)))
 
 

@@ -18,7 +18,7 @@ from ember.ops._util import acc_dtype, wrap_dim  # noqa: F401  (acc_dtype: re-ex
 from ember.ops._view import Index, reshape, transpose
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 
 
 def diag_view(x: np.ndarray, offset: int, d1: int, d2: int) -> np.ndarray:

@@ -18,14 +18,14 @@ from ember.errors import DTypeError, ShapeError
 from ember.ops._util import cast, wrap_dim
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
 
 
 # ------------------------------------------------------------------ helpers
 def _isfloat(d: np.dtype) -> bool:
-    return d.kind == "f" or d == _dt.bfloat16.np
+    return d.kind == "f" or d.name == "bfloat16"
 
 
 def _acc(d: np.dtype) -> np.dtype:

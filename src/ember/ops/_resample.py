@@ -17,7 +17,7 @@ from ember.ops._adaptive import adaptive_avg_pool1d, adaptive_avg_pool2d
 from ember.ops.conv import _tuple
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 
 
 def _up(a: np.ndarray) -> np.ndarray:

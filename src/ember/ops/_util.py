@@ -3,6 +3,7 @@ device moves, and the in-place writes every ``op_`` method ends in."""
 
 from __future__ import annotations
 
+import operator
 import weakref
 
 import numpy as np
@@ -11,11 +12,11 @@ from ember import autograd
 from ember import dtypes as _dt
 from ember.autograd import Function, elementwise_meta, meta_array
 from ember.device import CPU, META, Device
-from ember.errors import AutogradError, DTypeError, ShapeError
+from ember.errors import AutogradError, DTypeError, EmberError, ShapeError
 from ember.tensor import Tensor, _to_array
 
 _pyscalars = (bool, int, float, np.bool_, np.integer, np.floating)
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 
 
 def acc_dtype(dt: np.dtype) -> np.dtype:
@@ -23,11 +24,32 @@ def acc_dtype(dt: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dt in _LOW else dt
 
 
-def shape_arg(shape) -> tuple:
-    """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(ember.Size) alike."""
+class IndexOutOfRangeError(EmberError, IndexError):
+    """An index value outside what the op accepts (IndexError, as torch raises for it)."""
+
+
+class SizeTypeError(ShapeError, TypeError):
+    """A size that is not an integer, e.g. empty(2.9) (TypeError, as torch raises for it)."""
+
+
+class ValueRangeError(EmberError, ValueError):
+    """A value outside the range an op is defined on, e.g. a BCE target outside [0, 1]."""
+
+
+def shape_arg(shape, op: str = "size") -> tuple:
+    """Accept f(2, 3), f((2, 3)), f([2, 3]) and f(ember.Size) alike; only integers are sizes."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
-    return tuple(map(int, shape))
+    out = []
+    for i, s in enumerate(shape):
+        try:
+            out.append(operator.index(s))  # int, numpy integer, 0-d integer tensor; not 2.9
+        except TypeError:
+            raise SizeTypeError(
+                f"{op}: a size must be a tuple of ints, but found element of type "
+                f"{type(s).__name__} ({s!r}) at position {i}"
+            ) from None
+    return tuple(out)
 
 
 def wrap_dim(dim: int, ndim: int) -> int:

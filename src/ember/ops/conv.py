@@ -17,7 +17,7 @@ from ember.autograd import Function
 from ember.errors import DTypeError, ShapeError
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 _F32 = np.dtype(np.float32)
 _CHUNK_BYTES = 8 << 20  # backward: im2col buffer budget per batch chunk
 _BAND_BYTES = 4 << 20  # forward: im2col budget per band of output rows (measured: 2-4 MiB best)

@@ -7,7 +7,8 @@ import numpy as np
 from ember import dtypes as _dt
 from ember.autograd import meta_array
 from ember.device import META, as_device
-from ember.errors import DTypeError, ShapeError
+from ember.errors import DeviceError, DTypeError, ShapeError
+from ember.memory import allocate
 from ember.ops._util import shape_arg
 from ember.tensor import Tensor, _to_array
 
@@ -37,20 +38,49 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return Tensor._wrap(array)
 
 
-def _make(shape, dtype, device, requires_grad, fill) -> Tensor:
-    shape = shape_arg(shape)
+def from_dlpack(ext_tensor: object) -> Tensor:
+    """A tensor sharing memory with any object that speaks DLPack (torch, pyarrow, jax, numpy).
+
+    The exporter must hold CPU memory of a dtype ember has; Polars columns export through
+    ``series.to_arrow()`` (or use ``from_numpy(series.to_numpy())``). Zero-copy both ways.
+    """
+    if isinstance(ext_tensor, Tensor):
+        return ext_tensor
+    if not hasattr(ext_tensor, "__dlpack__"):
+        raise DTypeError(
+            f"from_dlpack expects an object with __dlpack__ (a torch tensor, a pyarrow array, "
+            f"a numpy array, ...), got {type(ext_tensor).__name__}"
+        )
+    if hasattr(ext_tensor, "__dlpack_device__"):
+        kind, _ = ext_tensor.__dlpack_device__()
+        if int(kind) not in (1, 3):  # kDLCPU, kDLCUDAHost: memory the CPU can read
+            raise DeviceError(
+                f"from_dlpack: the data lives on DLPack device type {int(kind)}; ember reads CPU "
+                "memory only (move it to the CPU first)"
+            )
+    try:
+        arr = np.from_dlpack(ext_tensor)
+    except (BufferError, TypeError, RuntimeError) as e:
+        raise DTypeError(f"from_dlpack: {type(ext_tensor).__name__} could not be read ({e})") from e
+    _dt.from_numpy_dtype(arr.dtype)
+    return Tensor._wrap(arr)
+
+
+def _make(shape, dtype, device, requires_grad, fill, op: str = "empty") -> Tensor:
+    shape = shape_arg(shape, op)
     if any(s < 0 for s in shape):
-        raise ShapeError(f"negative dimension in shape {shape}")
+        raise ShapeError(f"{op}: negative dimension in shape {shape}")
     dt = _dt.get_dtype(dtype) if dtype is not None else _dt.get_default_dtype()
     dev = as_device(device)
+    npd = dt.np
     if dev is META:
-        arr = meta_array(shape, dt.np)
+        arr = allocate(lambda: meta_array(shape, npd), op, shape, npd)
     elif fill is None:
-        arr = np.empty(shape, dt.np)
+        arr = allocate(lambda: np.empty(shape, npd), op, shape, npd)
     elif fill == 0:
-        arr = np.zeros(shape, dt.np)
+        arr = allocate(lambda: np.zeros(shape, npd), op, shape, npd)
     else:
-        arr = np.full(shape, fill, dt.np)
+        arr = allocate(lambda: np.full(shape, fill, npd), op, shape, npd)
     t = Tensor._wrap(arr, dev)
     if requires_grad:
         t.requires_grad_(True)
@@ -59,12 +89,12 @@ def _make(shape, dtype, device, requires_grad, fill) -> Tensor:
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros."""
-    return _make(size, dtype, device, requires_grad, 0)
+    return _make(size, dtype, device, requires_grad, 0, "zeros")
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones."""
-    return _make(size, dtype, device, requires_grad, 1)
+    return _make(size, dtype, device, requires_grad, 1, "ones")
 
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -77,11 +107,12 @@ def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False)
     if dtype is None:
         dtype = _dt.result_type(fill_value)
     return _make(
-        (tuple(size),) if not isinstance(size, int) else (size,),
+        (tuple(size),) if isinstance(size, (tuple, list)) else (size,),
         dtype,
         device,
         requires_grad,
         fill_value,
+        "full",
     )
 
 

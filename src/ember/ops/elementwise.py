@@ -13,7 +13,7 @@ from ember.errors import DeviceError, DTypeError
 from ember.ops._util import cast, coerce, to_float
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 _F32 = np.float32
 _SQRT2 = math.sqrt(2.0)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)

@@ -15,7 +15,6 @@ import operator
 import numpy as np
 
 from ember import autograd
-from ember import dtypes as _dt
 from ember.autograd import Function, unbroadcast
 from ember.device import META
 from ember.errors import DeviceError, DTypeError, ShapeError, UnsupportedError
@@ -313,7 +312,7 @@ def _put(self: Tensor, basic: tuple, adv, value, accumulate: bool) -> Tensor:
     else:
         v = None
         varr = np.asarray(value)
-        if varr.dtype.kind not in "biuf" and varr.dtype != _dt.bfloat16.np:
+        if varr.dtype.kind not in "biuf" and varr.dtype.name != "bfloat16":
             raise DTypeError(f"can't assign a {type(value).__name__} to a tensor")
         varr = varr.astype(self._data.dtype)
     if autograd.is_grad_enabled() and (self.requires_grad or (v is not None and v.requires_grad)):
@@ -508,7 +507,7 @@ def put(input: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) 
         )
     flat = reshape(input.clone(), -1)
     n = flat._data.shape[0]
-    _bounds(idx.reshape(-1), n, 0, "put", input)
+    _bounds(idx.reshape(-1), n, 0, "put", input, negative=True)  # torch wraps them here
     at = (Tensor._wrap(idx.reshape(-1), input._device),)
     out = index_put(flat, at, reshape(source, -1), accumulate)
     return reshape(out, input.shape)

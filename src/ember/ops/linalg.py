@@ -15,7 +15,7 @@ from ember.ops._einsum import einsum, tensordot
 from ember.ops._util import coerce, wrap_dim
 from ember.tensor import Tensor
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported to ask)
 _F32 = np.dtype(np.float32)
 
 

@@ -100,7 +100,7 @@ class MaxPool(Function):
 
     def forward(self, x, *, k, s, p, d, out, nd, batched, track):
         x4 = _to4(x, nd, batched)
-        lo = x4.dtype if x4.dtype == _dt.bfloat16.np else None
+        lo = x4.dtype if x4.dtype.name == "bfloat16" else None
         xw = _up(x4) if lo is not None else x4
         fill = -np.inf if xw.dtype.kind == "f" else np.iinfo(xw.dtype).min
         xp = _padded(xw, k, s, p, d, out, fill)

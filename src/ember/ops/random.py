@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ember import dtypes as _dt
 from ember.autograd import meta_array
 from ember.device import META, as_device
 from ember.errors import ShapeError
-from ember.ops._util import shape_arg
+from ember.memory import allocate
+from ember.ops._util import SizeTypeError, shape_arg
 from ember.tensor import Tensor
 
 
@@ -80,18 +83,18 @@ def _out(arr: np.ndarray, dtype, device, requires_grad) -> Tensor:
     return t.requires_grad_(True) if requires_grad else t
 
 
-def _sample_shape(size) -> tuple:
-    shape = shape_arg(size)
+def _sample_shape(size, op: str = "rand") -> tuple:
+    shape = shape_arg(size, op)
     if any(s < 0 for s in shape):
-        raise ShapeError(f"negative dimension in shape {shape}")
+        raise ShapeError(f"{op}: negative dimension in shape {shape}")
     return shape
 
 
-def _draw(shape, device, fn):
+def _draw(shape, device, fn, op: str = "rand"):
     """Samples from fn(shape), or a data-free placeholder on the meta device (nothing is drawn)."""
     if as_device(device) is META:
-        return meta_array(shape, np.float64)
-    return fn(shape)
+        return allocate(lambda: meta_array(shape, np.float64), op, shape, np.float64)
+    return allocate(lambda: fn(shape), op, shape, np.float64)
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -102,8 +105,9 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = F
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples."""
-    shape = _sample_shape(size)
-    return _out(_draw(shape, device, _rng(generator).standard_normal), dtype, device, requires_grad)
+    shape = _sample_shape(size, "randn")
+    draw = _draw(shape, device, _rng(generator).standard_normal, "randn")
+    return _out(draw, dtype, device, requires_grad)
 
 
 def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
@@ -114,14 +118,23 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
         low, high = 0, low
     if size is None:
         raise ShapeError("randint: size is required")
-    shape = _sample_shape((size,) if isinstance(size, int) else (tuple(size),))
-    arr = _draw(shape, device, lambda s: _rng(generator).integers(low, high, s, dtype=np.int64))
+    shape = _sample_shape((tuple(size),) if isinstance(size, (tuple, list)) else (size,), "randint")
+    arr = _draw(
+        shape, device, lambda s: _rng(generator).integers(low, high, s, dtype=np.int64), "randint"
+    )
     return _out(arr, dtype or _dt.int64, device, False)
 
 
 def randperm(n: int, *, generator=None, dtype=None, device=None) -> Tensor:
     """A random permutation of 0..n-1."""
-    return _out(_rng(generator).permutation(n).astype(np.int64), dtype or _dt.int64, device, False)
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise SizeTypeError(f"randperm: n must be an int, got {type(n).__name__} ({n!r})") from None
+    if n < 0:
+        raise ShapeError(f"randperm: n must be non-negative, got {n}")
+    perm = allocate(lambda: _rng(generator).permutation(n), "randperm", (n,), np.int64)
+    return _out(perm.astype(np.int64, copy=False), dtype or _dt.int64, device, False)
 
 
 def rand_like(input: Tensor, dtype=None, generator=None) -> Tensor:

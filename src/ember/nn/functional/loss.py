@@ -8,6 +8,7 @@ from ember.autograd import Function
 from ember.errors import DTypeError, ShapeError
 from ember.nn.functional._util import check_reduction, legacy_reduction, reduce_loss, up
 from ember.ops import elementwise as _E
+from ember.ops._util import ValueRangeError
 from ember.tensor import Tensor
 
 
@@ -320,6 +321,19 @@ def huber_loss(
     return reduce_loss(loss, reduction)
 
 
+def _in_unit_interval(t: Tensor, what: str) -> None:
+    """ValueRangeError unless every element of t is in [0, 1] (NaN is not), as torch checks."""
+    if t.device.type == "meta" or not t.numel():
+        return
+    a = t._data
+    if a.dtype.name == "bfloat16":
+        a = a.astype(np.float32)
+    if not ((a >= 0) & (a <= 1)).all():
+        raise ValueRangeError(
+            f"binary_cross_entropy: all elements of {what} should be between 0 and 1"
+        )
+
+
 def binary_cross_entropy(
     input: Tensor,
     target: Tensor,
@@ -336,6 +350,8 @@ def binary_cross_entropy(
             "as input size "
             f"{tuple(input.shape)}"
         )
+    _in_unit_interval(input, "input")
+    _in_unit_interval(target, "target")
     lx = _E.clamp(_E.log(input), min=-100)
     l1x = _E.clamp(_E.log(1 - input), min=-100)
     loss = -(target * lx + (1 - target) * l1x)
