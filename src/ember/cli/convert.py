@@ -1,4 +1,4 @@
-"""`ember convert SRC DST`: pt/pth/bin -> safetensors, safetensors <-> GGUF, GGUF -> HF folder."""
+"""`ember convert SRC DST`: between torch checkpoints, safetensors, GGUF and Hugging Face folders."""
 
 from __future__ import annotations
 
@@ -8,24 +8,47 @@ from pathlib import Path
 
 import numpy as np
 
-from ember.errors import EmberError, UnsupportedError
+from ember.errors import EmberError, FormatError, UnsupportedError
 
 GGUF_META_KEY = "gguf.metadata"  # safetensors metadata entry carrying GGUF metadata as JSON
+_TORCH = (".pt", ".pth", ".bin", ".ckpt")
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# the quantize types, spelled out for --help (ember.quant.QUANTIZE_TYPES, checked by a test)
+QUANTIZE_HELP = "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k"
+
+EPILOG = (
+    """\
+conversions (picked from SRC and DST):
+  .pt/.pth/.bin/.ckpt  -> .safetensors   torch checkpoint, read without torch
+  .gguf                -> .safetensors   dequantized, GGUF names, GGUF metadata kept
+  .gguf                -> FOLDER         Hugging Face folder: config.json, model.safetensors,
+                                         tokenizer.json, tokenizer_config.json,
+                                         generation_config.json (llama, mistral, qwen2, qwen3)
+  FOLDER | .safetensors -> .gguf         llama.cpp's names, metadata and vocabulary (a
+                                         safetensors file needs config.json and tokenizer.json
+                                         beside it, unless it came from a GGUF)
+
+--quantize types: """
+    + QUANTIZE_HELP
+    + """
+  1-D tensors (norms, biases) stay F32 and matrices whose rows do not split into whole blocks
+  stay float, as in llama.cpp; the command lists them.
+--dtype types: float32, float16, bfloat16"""
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register this command's options."""
-    p.add_argument("src", help="input: .pt/.pth/.bin, .safetensors or .gguf")
-    p.add_argument(
-        "dst", help="output: .safetensors, .gguf, or a folder (GGUF -> Hugging Face layout)"
-    )
-    p.add_argument(
-        "--quantize", metavar="QTYPE", help="with a .gguf output: q8_0, q4_0, q4_1, q4_k, q6_k"
-    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = EPILOG
+    p.add_argument("src", help="input: .pt/.pth/.bin/.ckpt, .safetensors, .gguf or a folder")
+    p.add_argument("dst", help="output: .safetensors, .gguf, or a folder (Hugging Face layout)")
+    p.add_argument("--quantize", metavar="QTYPE", help=f"with a .gguf output: {QUANTIZE_HELP}")
     p.add_argument(
         "--dtype",
         default=None,
-        help="float dtype for float outputs (default: keep; GGUF -> float32)",
+        help="float type of the float outputs: float32, float16, bfloat16 (default: keep; "
+        "GGUF -> float32)",
     )
 
 
@@ -100,80 +123,71 @@ def _jsonable(x):
     raise TypeError(type(x).__name__)
 
 
-def safetensors_to_gguf(src: Path, dst: Path, quantize: str | None = None) -> int:
-    """safetensors -> GGUF; 2-D float tensors whose rows fit the block size get quantized."""
-    from ember.cli._progress import progress
-    from ember.io import open_safetensors, save_gguf
-    from ember.quant import QUANTIZE_TYPES, block_format, quantize_array
-
-    f = open_safetensors(src)
-    meta, types = {}, {}
-    if GGUF_META_KEY in (f.metadata or {}):
-        blob = json.loads(f.metadata[GGUF_META_KEY])
-        meta, types = blob["metadata"], blob["types"]
-    meta.setdefault("general.architecture", "unknown")
-    qt = quantize.upper() if quantize else None
-    if qt and qt not in QUANTIZE_TYPES:
-        raise UnsupportedError(
-            f"--quantize {quantize}: supported are {', '.join(sorted(QUANTIZE_TYPES))}"
-        )
-    tensors = {}
-    for name in progress(f.keys(), len(f.keys()), "convert", "tensor"):
-        a = np.asarray(f.get(name))
-        if (
-            qt
-            and a.ndim == 2
-            and a.dtype.kind == "f"
-            and a.shape[1] % block_format(qt).block_size == 0
-        ):
-            tensors[name] = (quantize_array(a.astype(np.float32), qt), qt, a.shape)
-        else:
-            tensors[name] = np.ascontiguousarray(
-                a.astype(np.float32) if a.dtype.name == "bfloat16" else a
-            )
-    save_gguf(dst, meta, tensors, metadata_types=types)
-    return len(tensors)
-
-
-def gguf_to_hf(src: Path, dst: Path, dtype: str | None = None) -> int:
-    """GGUF (llama family) -> a Hugging Face folder: config.json + model.safetensors (HF names)."""
-    from ember.io import open_gguf, save_safetensors
-    from ember.models.auto import config_from_gguf, gguf_to_hf_name
-    from ember.quant import dequantize
-
-    f = open_gguf(src)
-    cfg = config_from_gguf(f.metadata, set(f.tensors))
-    arrays = {}
-    for name, info in f.tensors.items():
-        arrays[gguf_to_hf_name(name)] = (
-            dequantize(info.data, info.qtype, info.shape)
-            if info.is_quantized
-            else np.array(info.data)
-        )
-    dst.mkdir(parents=True, exist_ok=True)
-    save_safetensors(_cast(arrays, dtype), dst / "model.safetensors", metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    return len(arrays)
+def _kind(path: Path, role: str) -> str:
+    """'torch', 'safetensors', 'gguf' or 'folder' for SRC/DST; EmberError when it cannot be."""
+    suffix = path.suffix.lower()
+    if role == "src":
+        if not path.exists():
+            raise EmberError(f"{path}: no such file or folder")
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise FormatError(
+                    f"{path}: a folder without config.json (expected a Hugging Face model folder)"
+                )
+            return "folder"
+        if not path.is_file():
+            raise EmberError(f"{path}: not a regular file")
+    kinds = {".gguf": "gguf", ".safetensors": "safetensors", **dict.fromkeys(_TORCH, "torch")}
+    if suffix in kinds:
+        if role == "dst" and path.is_dir():
+            raise EmberError(f"{path}: is a folder, but a {suffix} file is to be written there")
+        return kinds[suffix]
+    if role == "dst" and (path.is_dir() or not path.exists()) and not suffix:
+        return "folder"
+    if role == "dst" and path.exists() and not path.is_dir():
+        raise EmberError(f"{path}: is a file, but a folder output is a folder")
+    raise UnsupportedError(
+        f"{path}: unknown {'input' if role == 'src' else 'output'} type {suffix or '(none)'}; "
+        "expected .pt/.pth/.bin/.ckpt, .safetensors, .gguf or a folder"
+    )
 
 
 def run(args) -> int:
-    """Pick the conversion from the file suffixes."""
+    """Check the arguments, pick the conversion from SRC and DST, report what was written."""
     src, dst = Path(args.src), Path(args.dst)
-    if not src.is_file():
-        raise EmberError(f"{src}: no such file")
-    s, d = src.suffix.lower(), dst.suffix.lower()
-    if s in (".pt", ".pth", ".bin", ".ckpt") and d == ".safetensors":
+    s, d = _kind(src, "src"), _kind(dst, "dst")
+    if src.resolve() == dst.resolve():
+        raise EmberError(f"{src}: the output would overwrite the input")
+    if args.dtype is not None:
+        from ember.dtypes import get_dtype
+
+        if get_dtype(args.dtype).name not in _FLOAT_DTYPES:
+            raise UnsupportedError(
+                f"--dtype {args.dtype}: expected one of {', '.join(_FLOAT_DTYPES)}"
+            )
+    if args.quantize is not None and d != "gguf":
+        raise UnsupportedError(f"--quantize writes GGUF blocks; {dst} is not a .gguf output")
+    report = None
+    if s == "torch" and d == "safetensors":
         n = torch_to_safetensors(src, dst, args.dtype)
-    elif s == ".safetensors" and d == ".gguf":
-        n = safetensors_to_gguf(src, dst, args.quantize)
-    elif s == ".gguf" and d == ".safetensors":
+    elif s in ("safetensors", "folder") and d == "gguf":
+        from ember.convert import hf_to_gguf
+
+        report = hf_to_gguf(src, dst, args.quantize, args.dtype)
+        n = len(report.types)
+    elif s == "gguf" and d == "safetensors":
         n = gguf_to_safetensors(src, dst, args.dtype)
-    elif s == ".gguf" and d == "":
+    elif s == "gguf" and d == "folder":
+        from ember.convert import gguf_to_hf
+
         n = gguf_to_hf(src, dst, args.dtype)
     else:
         raise UnsupportedError(
-            f"cannot convert {s or 'folder'} -> {d or 'folder'}; supported: pt/pth/bin -> safetensors, "
-            "safetensors -> gguf (--quantize), gguf -> safetensors, gguf -> folder (Hugging Face layout)"
+            f"cannot convert {s} -> {d}; supported: torch checkpoint -> .safetensors, "
+            ".gguf -> .safetensors, .gguf -> folder, folder or .safetensors -> .gguf "
+            "(see ember convert --help)"
         )
     print(f"wrote {dst} ({n} tensors)")
+    for line in report.lines() if report is not None else ():
+        print(line)
     return 0
