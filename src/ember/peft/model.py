@@ -132,14 +132,16 @@ class LoraModel(nn.Module):
             raise TypeError(f"expected a LoraConfig, got {type(config).__name__}")
         model = self.model
         keys = target_module_names(model, config)
+        for key in keys:  # every target checked before any is wrapped
+            mod = model.get_submodule(key)
+            if not isinstance(mod, LoraLinear) and not is_linear(mod):
+                raise UnsupportedError(
+                    f"target module {key!r} is a {type(mod).__name__}; ember.peft adapts "
+                    "nn.Linear and QLinear layers"
+                )
         for key in keys:
             mod = model.get_submodule(key)
             if not isinstance(mod, LoraLinear):
-                if not is_linear(mod):
-                    raise UnsupportedError(
-                        f"target module {key!r} is a {type(mod).__name__}; ember.peft adapts "
-                        "nn.Linear and QLinear layers"
-                    )
                 mod = LoraLinear(mod)
                 _set_submodule(model, key, mod)
             r, alpha = config.rank_and_alpha(key)
