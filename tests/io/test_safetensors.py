@@ -320,6 +320,12 @@ def test_huge_header_length_is_refused_before_reading(tmp_path):
         open_safetensors(p)
 
 
-def test_gaps_between_tensors_are_allowed(tmp_path):
+def test_gaps_between_tensors_are_refused_as_the_reference_does(tmp_path):
+    # The official reader refuses bytes no tensor covers (tests/io/test_strict.py compares more)
+    from safetensors import SafetensorError, safe_open
+
     path = write_raw(tmp_path, {"a": entry(offsets=(4, 12))}, struct.pack("<3f", 9, 1, 2))
-    assert load_safetensors(path)["a"].tolist() == [1.0, 2.0]
+    with pytest.raises(FormatError, match=r"leaves bytes 0..4 unused"):
+        load_safetensors(path)
+    with pytest.raises(SafetensorError, match="invalid offset"):
+        safe_open(path, "np")

@@ -18,12 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ember.errors import DTypeError
-from ember.io._common import atomic_write, checked_numel, fail, map_file
+from ember.io._common import LazyDTypes, atomic_write, checked_numel, fail, map_file
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -47,17 +46,18 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 # ggml types whose data is handed out as typed arrays; all others are raw uint8 blocks.
-TYPED: dict[str, np.dtype] = {
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F64": np.dtype("<f8"),
-    "I8": np.dtype("<i1"),
-    "I16": np.dtype("<i2"),
-    "I32": np.dtype("<i4"),
-    "I64": np.dtype("<i8"),
-}
-_GGML_OF_NP = {dt: name for name, dt in TYPED.items()}
+TYPED = LazyDTypes(
+    {
+        "F32": "<f4",
+        "F16": "<f2",
+        "BF16": "ml_dtypes.bfloat16",
+        "F64": "<f8",
+        "I8": "<i1",
+        "I16": "<i2",
+        "I32": "<i4",
+        "I64": "<i8",
+    }
+)
 
 
 def qtype_sizes(qtype: str) -> tuple[int, int]:
@@ -345,6 +345,7 @@ class _Parser:
                 dt, dshape = TYPED[qtype], shape
             else:
                 dt, dshape = np.dtype(np.uint8), (*shape[:-1], row // block * type_size)
+            checked_numel(dshape, path, f"{where} (ne={list(ne)})", dt.itemsize)
             if nbytes:
                 data = np.frombuffer(self.mm, dt, nbytes // dt.itemsize, start).reshape(dshape)
                 spans.append((start, start + nbytes, name))
@@ -532,12 +533,13 @@ def _prepare_tensor(name: str, value: Any) -> tuple[np.ndarray, str]:
     else:
         arr = np.asarray(value)
         dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-        if dt not in _GGML_OF_NP:
+        qtype = TYPED.name_of(dt)
+        if qtype is None:
             raise DTypeError(
                 f"tensor {name!r}: GGUF has no type for {arr.dtype}; "
-                f"supported: {', '.join(str(d) for d in _GGML_OF_NP)} or quantized blocks"
+                f"supported: {', '.join(str(d) for d in TYPED.values())} or quantized blocks"
             )
-        qtype, shape = _GGML_OF_NP[dt], tuple(arr.shape) or (1,)
+        shape = tuple(arr.shape) or (1,)
         arr = np.ascontiguousarray(arr, dtype=dt).reshape(shape)
     if len(shape) > MAX_DIMS:
         raise ValueError(f"tensor {name!r}: GGUF holds at most {MAX_DIMS} dims, got {shape}")

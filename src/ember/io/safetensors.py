@@ -15,35 +15,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ember.errors import DTypeError, FormatError
-from ember.io._common import atomic_write, checked_numel, fail, map_file
+from ember.io._common import LazyDTypes, atomic_write, checked_numel, fail, map_file
 
 # The reference implementation refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100_000_000
 MAX_DIMS = 64  # numpy's limit
 
-DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "C64": np.dtype("<c8"),
-}
-_CODES = {dt: code for code, dt in DTYPES.items()}
+# safetensors dtype codes -> numpy codes; "ml_dtypes.X" ones are imported when first used
+DTYPES = LazyDTypes(
+    {
+        "BOOL": "?",
+        "U8": "u1",
+        "I8": "i1",
+        "U16": "<u2",
+        "I16": "<i2",
+        "U32": "<u4",
+        "I32": "<i4",
+        "U64": "<u8",
+        "I64": "<i8",
+        "F16": "<f2",
+        "BF16": "ml_dtypes.bfloat16",
+        "F32": "<f4",
+        "F64": "<f8",
+        "F8_E4M3": "ml_dtypes.float8_e4m3fn",
+        "F8_E5M2": "ml_dtypes.float8_e5m2",
+        "C64": "<c8",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,11 @@ def _parse_header(
     except UnicodeDecodeError as e:
         raise fail(path, f"header is not valid UTF-8: {e.reason}", 8 + e.start) from None
     try:
-        header = json.loads(text, object_pairs_hook=_no_duplicates)
+        header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except _DuplicateKey as e:
-        raise fail(path, f"header JSON has the key {e.args[0]!r} twice", 8) from None
+        raise fail(path, f"header JSON has the key {e.args[0]!r:.200} twice", 8) from None
+    except _Constant as e:
+        raise fail(path, f"header JSON holds {e.args[0]}, which JSON does not allow", 8) from None
     except json.JSONDecodeError as e:
         raise fail(
             path, f"header is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", 8
@@ -148,10 +151,13 @@ def _parse_header(
         raise fail(path, f"header is not usable JSON: {e}", 8) from None
     if not isinstance(header, dict):
         raise fail(path, f"header must be a JSON object, found {type(header).__name__}", 8)
+    _check_strings(path, header)
 
     data_offset = 8 + n
     data_size = size - data_offset
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:  # the reference reader takes null for no metadata
+        metadata = {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
@@ -164,16 +170,56 @@ def _parse_header(
             name, info[0], info[1], data_offset + info[2], data_offset + info[3]
         )
 
-    # Overlaps are refused: no byte may belong to two tensors.
-    spans = sorted((t.start, t.end, t.name) for t in tensors.values() if t.end > t.start)
-    for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
-        if s1 < e0:
+    # As the reference reader: the tensors, in offset order, tile the data section exactly:
+    # no byte belongs to two tensors, none to no tensor, and nothing follows the last one.
+    at = 0
+    for start, end, name in sorted((t.start, t.end, t.name) for t in tensors.values()):
+        begin = start - data_offset
+        if begin != at:
+            what = (
+                "overlaps the tensor before it"
+                if begin < at
+                else f"leaves bytes {at}..{begin} unused"
+            )
             raise fail(
                 path,
-                f"tensors {n0!r} (bytes {s0 - data_offset}..{e0 - data_offset}) and {n1!r} "
-                f"(starting at {s1 - data_offset}) overlap",
+                f"tensor {name!r} (data_offsets [{begin}, {end - data_offset}]) {what}; the "
+                "tensors must cover the data section exactly, in order",
             )
+        at = end - data_offset
+    if at != data_size:
+        raise fail(
+            path,
+            f"the data section holds {data_size} bytes but its tensors cover {at}: "
+            f"{data_size - at} bytes belong to no tensor",
+            data_offset + at,
+        )
     return dict(metadata), tensors, data_offset
+
+
+MAX_JSON_NESTING = 128  # serde_json's limit, which the reference reader keeps
+
+
+def _check_strings(path: str, header: dict) -> None:
+    """Refuse lone surrogates in any string (not UTF-8; Python's json lets `\\ud800` through)
+    and nesting past MAX_JSON_NESTING, as the reference reader's JSON parser does."""
+    stack: list[tuple[Any, int]] = [(header, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > MAX_JSON_NESTING:
+            raise fail(path, f"header JSON is nested deeper than {MAX_JSON_NESTING}", 8)
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for k, v in items:
+            for x in (k, v):
+                if isinstance(x, str):
+                    try:
+                        x.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise fail(
+                            path, f"header JSON string {x!r:.80} holds a lone surrogate", 8
+                        ) from None
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
 
 
 def _parse_entry(
@@ -201,7 +247,7 @@ def _parse_entry(
             f"{where}: data_offsets [{begin}, {end}] do not fit in the "
             f"{data_size}-byte data section",
         )
-    numel = checked_numel(tuple(shape), path, where)
+    numel = checked_numel(tuple(shape), path, where, DTYPES[dtype].itemsize)
     expected = numel * DTYPES[dtype].itemsize
     if end - begin != expected:
         raise fail(
@@ -218,6 +264,14 @@ def _is_uint(x: object) -> bool:
 
 class _DuplicateKey(Exception):
     pass
+
+
+class _Constant(Exception):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _Constant(name)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -370,10 +424,10 @@ def save_safetensors(
         arr = np.asarray(value)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        if arr.dtype not in _CODES:
+        if DTYPES.name_of(arr.dtype) is None:
             raise DTypeError(
                 f"cannot store {name!r} of dtype {arr.dtype} in safetensors; "
-                f"supported: {', '.join(str(d) for d in _CODES)}"
+                f"supported: {', '.join(DTYPES)}"
             )
         arrays[name] = arr
 
@@ -386,7 +440,7 @@ def save_safetensors(
     for name in order:
         arr = arrays[name]
         header[name] = {
-            "dtype": _CODES[arr.dtype],
+            "dtype": DTYPES.name_of(arr.dtype),
             "shape": list(arr.shape),
             "data_offsets": [offset, offset + arr.nbytes],
         }

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ember.io._common import fail, map_file
-from ember.io._unpickler import Storage, restricted_load
+from ember.io._unpickler import Storage, restricted_load, show
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
@@ -87,7 +87,7 @@ def _load_zip(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
         _, stype, key, _location, numel = pid[:5]
         name = f"{prefix}data/{key}"
         if name not in infos:
-            raise fail(path, f"storage {key!r} has no record {name!r} in the archive")
+            raise fail(path, f"storage {show(key)} has no record {name!r} in the archive")
         if key not in storages:
             info = infos[name]
             nbytes = numel * stype.dtype.itemsize
@@ -101,11 +101,17 @@ def _load_zip(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
             storages[key] = _view(mm, start, nbytes, np.dtype(np.uint8), copy)
         raw = storages[key]
         if raw.nbytes % stype.dtype.itemsize:
-            raise fail(path, f"storage {key!r} of {raw.nbytes} bytes read as {stype.dtype}")
+            raise fail(path, f"storage {show(key)} of {raw.nbytes} bytes read as {stype.dtype}")
         return Storage.of(raw.view(stype.dtype))
 
     try:
-        return restricted_load(io.BytesIO(pickle_bytes), load_storage, f"{path}:{pkls[0]}")
+        return restricted_load(
+            io.BytesIO(pickle_bytes),
+            load_storage,
+            f"{path}:{pkls[0]}",
+            pickle_bytes=len(pickle_bytes),
+            data_bytes=size,
+        )
     finally:
         zf.close()
 
@@ -137,14 +143,14 @@ def _no_storage(pid: tuple) -> Storage:
 def _load_legacy(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
     mm.seek(0)
     magic = restricted_load(mm, _no_storage, f"{path}: magic number")
-    if magic != LEGACY_MAGIC:
-        raise fail(path, f"expected the torch magic number {LEGACY_MAGIC:#x}, found {magic!r:.60}")
+    if type(magic) is not int or magic != LEGACY_MAGIC:
+        raise fail(path, f"expected the torch magic number {LEGACY_MAGIC:#x}, found {show(magic)}")
     proto = restricted_load(mm, _no_storage, f"{path}: protocol version")
-    if proto != LEGACY_PROTOCOL:
-        raise fail(path, f"expected legacy protocol {LEGACY_PROTOCOL}, found {proto!r:.60}")
+    if type(proto) is not int or proto != LEGACY_PROTOCOL:
+        raise fail(path, f"expected legacy protocol {LEGACY_PROTOCOL}, found {show(proto)}")
     sys_info = restricted_load(mm, _no_storage, f"{path}: sys info")
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
-        raise fail(path, f"expected a little-endian sys info dict, found {sys_info!r:.200}")
+        raise fail(path, f"expected a little-endian sys info dict, found {show(sys_info, 200)}")
 
     # Pass 1: learn every storage's dtype and size from the persistent ids, so the raw data
     # after the pickles can be located; tensors are checked against placeholder storages.
@@ -155,9 +161,9 @@ def _load_legacy(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
         _, stype, key, _location, numel = pid[:5]
         dt = stype.dtype
         if numel * dt.itemsize > size:
-            raise fail(path, f"storage {key!r} claims {numel} x {dt}, more than the whole file")
+            raise fail(path, f"storage {show(key)} claims {numel} x {dt}, more than the whole file")
         if records.setdefault(key, (dt, numel)) != (dt, numel):
-            raise fail(path, f"storage {key!r} is declared with two different types or sizes")
+            raise fail(path, f"storage {show(key)} is declared with two different types or sizes")
         _, n = _view_range(path, pid, numel)
         return Storage(None, dt, n)
 
@@ -178,13 +184,15 @@ def _load_legacy(path: str, mm: mmap.mmap, size: int, copy: bool) -> Any:
     for key in keys:
         dt, numel = records[key]
         if pos + 8 > size:
-            raise fail(path, f"file ends before the size of storage {key!r}", pos)
+            raise fail(path, f"file ends before the size of storage {show(key)}", pos)
         (n,) = struct.unpack_from("<q", mm, pos)
         if n != numel:
-            raise fail(path, f"storage {key!r}: expected {numel} elements, found {n}", pos)
+            raise fail(path, f"storage {show(key)}: expected {numel} elements, found {n}", pos)
         nbytes = numel * dt.itemsize
         if nbytes > size - pos - 8:
-            raise fail(path, f"storage {key!r}: {nbytes} bytes run past the end of the file", pos)
+            raise fail(
+                path, f"storage {show(key)}: {nbytes} bytes run past the end of the file", pos
+            )
         located[key] = _view(mm, pos + 8, nbytes, dt, copy)
         pos += 8 + nbytes
 
@@ -207,5 +215,5 @@ def _view_range(path: str, pid: tuple, numel: int) -> tuple[int, int]:
         _, lo, n = view
         ok = type(lo) is int and type(n) is int and 0 <= lo and 0 <= n and lo + n <= numel
     if not ok:
-        raise fail(path, f"bad storage view {view!r:.100} of a {numel}-element storage")
+        raise fail(path, f"bad storage view {show(view, 100)} of a {numel}-element storage")
     return lo, n

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 import ember
@@ -12,17 +14,21 @@ def _parent(model, name: str):
     prefix, _, leaf = name.rpartition(".")
     try:
         return (model.get_submodule(prefix) if prefix else model), leaf
-    except (AttributeError, KeyError, ember.errors.EmberError):
+    except (AttributeError, KeyError, IndexError, ember.errors.EmberError):
         raise FormatError(
             f"checkpoint tensor {name!r} has no place in {type(model).__name__}"
         ) from None
 
 
-def assign_weights(model, weights: dict, dtype=None, strict: bool = True) -> None:
+def assign_weights(
+    model, weights: dict, dtype=None, strict: bool = True, optional: Collection[str] = ()
+) -> None:
     """Set every parameter from weights (numpy arrays or QTensors), replacing layers by quantized ones.
 
     Float arrays are wrapped without copying when their dtype is the compute dtype (memory-mapped
     files stay mapped); other float dtypes are converted to ``dtype`` (float32 by default).
+    strict: every parameter but those named in ``optional`` (a tied head) must be given; a
+    missing one would stay on the meta device.
     """
     from ember.quant import QTensor
     from ember.quant.nn import QEmbedding, QLinear
@@ -52,7 +58,7 @@ def assign_weights(model, weights: dict, dtype=None, strict: bool = True) -> Non
         _check_shape(name, expected.get(name), arr.shape)
         setattr(mod, leaf, ember.nn.Parameter(ember.from_numpy(arr), requires_grad=False))
     if strict:
-        missing = [n for n in expected if n not in seen]
+        missing = [n for n in expected if n not in seen and n not in optional]
         if missing:
             raise FormatError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -43,18 +44,75 @@ def gguf_to_hf_name(name: str) -> str:
     return f"{base}.{'.'.join(parts[1:])}"
 
 
+_REQUIRED = object()
+
+
 def config_from_gguf(meta: dict, tensor_names) -> dict:
-    """A config.json-style dict from GGUF metadata."""
+    """A config.json-style dict from GGUF metadata, every field checked as llama.cpp does.
+
+    Counts and sizes must be positive integers, and `block_count` cannot exceed the tensors
+    the file holds (each block has several), so a bad file fails here, before a model is built.
+    """
     arch = meta.get("general.architecture")
-    if arch is None:
-        raise FormatError("GGUF file has no general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise FormatError("GGUF file has no general.architecture string")
+    names = set(tensor_names)
 
     def g(key, default=None):
         return meta.get(f"{arch}.{key}", default)
 
-    heads = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
-    vocab = g("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    def integer(key, default=_REQUIRED, minimum=1):
+        v = g(key, default)
+        if v is _REQUIRED:
+            raise FormatError(f"GGUF metadata has no {arch}.{key} (required for a {arch} model)")
+        if type(v) is not int:
+            raise FormatError(
+                f"GGUF metadata {arch}.{key} must be an integer, found {type(v).__name__} {v!r:.60}"
+            )
+        if v < minimum:
+            raise FormatError(f"GGUF metadata {arch}.{key} is {v}; it must be at least {minimum}")
+        return v
+
+    def number(key, default):
+        v = g(key, default)
+        if type(v) not in (int, float) or not math.isfinite(v) or v <= 0:
+            raise FormatError(
+                f"GGUF metadata {arch}.{key} must be a positive number, found {v!r:.60}"
+            )
+        return float(v)
+
+    heads = integer("attention.head_count")
+    kv_heads = integer("attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise FormatError(
+            f"GGUF metadata {arch}.attention.head_count {heads} is not a multiple of "
+            f"attention.head_count_kv {kv_heads}"
+        )
+    hidden = integer("embedding_length")
+    layers = integer("block_count")
+    if layers > len(names):  # every block holds several tensors
+        raise FormatError(
+            f"GGUF metadata {arch}.block_count is {layers} but the file holds only "
+            f"{len(names)} tensors"
+        )
+    if g("vocab_size") is not None:
+        vocab = integer("vocab_size")
+    else:
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise FormatError(f"GGUF file has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+        vocab = len(tokens)
+    if g("attention.key_length") is not None:
+        head_dim = integer("attention.key_length")
+    elif g("rope.dimension_count") is not None:
+        head_dim = integer("rope.dimension_count")
+    elif hidden % heads:
+        raise FormatError(
+            f"GGUF metadata {arch}.embedding_length {hidden} is not a multiple of "
+            f"attention.head_count {heads}, and no attention.key_length says the head size"
+        )
+    else:
+        head_dim = hidden // heads
     cfg = {
         "model_type": {
             "llama": "llama",
@@ -62,29 +120,41 @@ def config_from_gguf(meta: dict, tensor_names) -> dict:
             "qwen2": "qwen2",
             "qwen3": "qwen3",
         }.get(arch, arch),
-        "vocab_size": int(vocab),
+        "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(g("feed_forward_length")),
-        "num_hidden_layers": int(g("block_count")),
+        "intermediate_size": integer("feed_forward_length"),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(g("attention.head_count_kv", heads)),
-        "head_dim": int(g("attention.key_length", g("rope.dimension_count", hidden // heads))),
-        "max_position_embeddings": int(g("context_length", 2048)),
-        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(g("rope.freq_base", 10000.0)),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "qk_norm": "blk.0.attn_q_norm.weight" in tensor_names,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": integer("context_length", 2048),
+        "rms_norm_eps": number("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": number("rope.freq_base", 10000.0),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "qk_norm": "blk.0.attn_q_norm.weight" in names,
         "rope_interleaved": arch in _INTERLEAVED_ROPE,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": _token_id(meta, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _token_id(meta, "tokenizer.ggml.eos_token_id"),
     }
     if g("attention.sliding_window"):
-        cfg["sliding_window"] = int(g("attention.sliding_window"))
+        cfg["sliding_window"] = integer("attention.sliding_window")
     scaling = g("rope.scaling.type")
     if scaling == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(g("rope.scaling.factor"))}
+        if g("rope.scaling.factor") is None:
+            raise FormatError(
+                f"GGUF metadata {arch}.rope.scaling.type is 'linear' but there is no "
+                f"{arch}.rope.scaling.factor"
+            )
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": number("rope.scaling.factor", None)}
     return cfg
+
+
+def _token_id(meta: dict, key: str) -> int | None:
+    v = meta.get(key)
+    if v is not None and (type(v) is not int or v < 0):
+        raise FormatError(f"GGUF metadata {key} must be a token id, found {v!r:.60}")
+    return v
 
 
 def _model_class(model_type: str):
@@ -139,6 +209,20 @@ class AutoModelForCausalLM:
         return model
 
 
+def hf_to_gguf_name(name: str) -> str:
+    """'model.layers.3.self_attn.q_proj.weight' -> 'blk.3.attn_q.weight' (for messages)."""
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"] and len(parts) >= 4:
+        rest = ".".join(parts[3:])
+        for gguf, hf in _GGUF_BLOCK.items():
+            if rest.startswith(hf + "."):
+                return f"blk.{parts[2]}.{gguf}{rest[len(hf) :]}"
+    for gguf, hf in _GGUF_TOP.items():
+        if name.startswith(hf + "."):
+            return gguf + name[len(hf) :]
+    return name
+
+
 def _from_gguf(path: Path, dtype):
     from ember.io import open_gguf
     from ember.quant import QTensor
@@ -154,12 +238,29 @@ def _from_gguf(path: Path, dtype):
             "(llama-family ones are); load the model's Hugging Face folder instead"
         )
     model = _build(cfg)
+    expected = dict(model.named_parameters(remove_duplicate=False))
+    tied = cfg["tie_word_embeddings"]
     weights = {}
     for name, info in f.tensors.items():
-        hf = gguf_to_hf_name(name)
+        try:
+            hf = gguf_to_hf_name(name)
+        except UnsupportedError:
+            hf = None
+        if hf not in expected:
+            raise FormatError(
+                f"{path}: tensor {name!r} has no place in a {cfg['model_type']} model of "
+                f"{cfg['num_hidden_layers']} blocks (llama.cpp refuses extra tensors too)"
+            )
         weights[hf] = QTensor(info.data, info.qtype, info.shape) if info.is_quantized else info.data
-    assign_weights(model, weights, dtype, strict=not cfg["tie_word_embeddings"])
-    if cfg["tie_word_embeddings"]:
+    missing = [n for n in expected if n not in weights and not (tied and n == "lm_head.weight")]
+    if missing:
+        shown = ", ".join(repr(hf_to_gguf_name(n)) for n in missing[:5])
+        raise FormatError(
+            f"{path}: the file has no tensor {shown}"
+            + (f" ({len(missing)} missing in all)" if len(missing) > 5 else "")
+        )
+    assign_weights(model, weights, dtype, optional=("lm_head.weight",) if tied else ())
+    if tied:
         model.tie_weights()
     model.source = str(path)
     model.gguf_metadata = f.metadata
@@ -169,18 +270,29 @@ def _from_gguf(path: Path, dtype):
 def _from_hf_dir(path: Path, dtype):
     from ember.io import load_safetensors, load_safetensors_dir
 
-    cfg = json.loads((path / "config.json").read_text())
-    model = _build(cfg)
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8
+        raise FormatError(f"{path / 'config.json'}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{path / 'config.json'}: expected a JSON object")
     if (path / "model.safetensors.index.json").is_file() or not (
         path / "model.safetensors"
     ).is_file():
         weights = load_safetensors_dir(path)
     else:
         weights = load_safetensors(path / "model.safetensors")
+    layers = cfg.get("num_hidden_layers")
+    if type(layers) is int and layers > len(weights):  # checked before building that many
+        raise FormatError(
+            f"{path / 'config.json'}: num_hidden_layers is {layers} but the checkpoint holds "
+            f"only {len(weights)} tensors"
+        )
+    model = _build(cfg)
     if hasattr(model, "checkpoint_weights"):  # a family whose files name tensors differently
         weights = model.checkpoint_weights(weights)
     tied = model.config.tie_word_embeddings and "lm_head.weight" not in weights
-    assign_weights(model, weights, dtype, strict=not tied)
+    assign_weights(model, weights, dtype, optional=("lm_head.weight",) if tied else ())
     if tied:  # the family knows where its embeddings live
         model.tie_weights()
     model.source = str(path)

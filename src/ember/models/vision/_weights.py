@@ -74,6 +74,50 @@ def checkpoint_from(src) -> dict[str, np.ndarray]:
     return out
 
 
+def build_checked(
+    make: Callable[[], object], sd: Mapping, rename: Callable[[str], str] | None = None
+):
+    """`make()` once on the meta device to check sd against it, then for real.
+
+    Dimensions read from a checkpoint (a class count, a config's sizes) are trusted only once
+    every tensor the model would hold has a checkpoint tensor of the same shape: a file that
+    claims 2**30 classes on a zero-size weight fails here, before anything is allocated.
+    """
+    import ember
+
+    with ember.device("meta"):
+        ghost = make()
+    own = {k: tuple(v.shape) for k, v in ghost.state_dict().items()}
+    given = {(rename(k) if rename else k): tuple(np.shape(v)) for k, v in sd.items()}
+    bad = [
+        f"{k}: checkpoint {given[k]} vs model {shape}"
+        for k, shape in own.items()
+        if k in given and given[k] != shape
+    ]
+    missing = [k for k in own if k not in given and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in given if k not in own]
+    if bad or missing or unexpected:
+        parts = []
+        if bad:
+            parts.append(f"{len(bad)} shapes differ ({'; '.join(bad[:3])})")
+        if missing:
+            parts.append(f"{len(missing)} tensors missing ({', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected ({', '.join(unexpected[:3])})")
+        raise FormatError(f"checkpoint does not fit {type(ghost).__name__}: {'; '.join(parts)}")
+    return make()
+
+
+def class_count(sd: Mapping, key: str, in_features: int) -> int:
+    """Rows of a classifier weight, checked to be (classes, in_features) with data behind it."""
+    if key not in sd:
+        raise FormatError(f"checkpoint has no {key!r} (the classifier)")
+    shape = tuple(np.shape(sd[key]))
+    if len(shape) != 2 or shape[1] != in_features or shape[0] < 1:
+        raise FormatError(f"{key}: expected shape (classes >= 1, {in_features}), found {shape}")
+    return shape[0]
+
+
 def apply_weights(model, sd: Mapping, rename: Callable[[str], str] | None = None) -> None:
     """Load sd into model (strict: every key must match; float arrays cast to the param dtype)."""
     own = model.state_dict()

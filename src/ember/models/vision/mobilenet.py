@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ember
 from ember import nn
-from ember.models.vision._weights import apply_weights, checkpoint_from
+from ember.models.vision._weights import apply_weights, build_checked, checkpoint_from, class_count
 
 
 def _make_divisible(v: float, divisor: int = 8, min_value: int | None = None) -> int:
@@ -92,7 +92,8 @@ class MobileNetV2(nn.Module):
     def from_pretrained(cls, path, optimize: bool = True) -> nn.Module:
         """MobileNetV2 from a torchvision checkpoint; fused for inference unless optimize=False."""
         sd = checkpoint_from(path)
-        model = cls(num_classes=sd["classifier.1.weight"].shape[0])
+        classes = class_count(sd, "classifier.1.weight", _make_divisible(1280))
+        model = build_checked(lambda: cls(num_classes=classes), sd)
         apply_weights(model, sd)
         model.eval()
         return model.optimize_for_inference(inplace=True) if optimize else model

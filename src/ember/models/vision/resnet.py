@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ember
 from ember import nn
-from ember.models.vision._weights import apply_weights, checkpoint_from
+from ember.models.vision._weights import apply_weights, build_checked, checkpoint_from, class_count
 
 
 def conv3x3(cin: int, cout: int, stride: int = 1, groups: int = 1, dilation: int = 1) -> nn.Conv2d:
@@ -167,7 +167,12 @@ class ResNet(nn.Module):
         """
         sd = checkpoint_from(path)
         name = arch or _guess_arch(sd)
-        model = ARCHS[name](num_classes=sd["fc.weight"].shape[0])
+        if name not in ARCHS:
+            raise ember.errors.UnsupportedError(
+                f"unknown ResNet arch {name!r}; known: {', '.join(ARCHS)}"
+            )
+        classes = class_count(sd, "fc.weight", 512 * _CONFIGS[name][0].expansion)
+        model = build_checked(lambda: ARCHS[name](num_classes=classes), sd)
         apply_weights(model, sd)
         model.eval()
         return model.optimize_for_inference(inplace=True) if optimize else model

@@ -18,7 +18,7 @@ from pathlib import Path
 import ember
 from ember import nn
 from ember.errors import FormatError, ShapeError
-from ember.models.vision._weights import apply_weights, checkpoint_from
+from ember.models.vision._weights import apply_weights, build_checked, checkpoint_from, class_count
 
 F = nn.functional
 
@@ -229,9 +229,11 @@ class ViTModel(nn.Module):
     def from_pretrained(cls, path) -> ViTModel:
         """A ViTModel from a Hugging Face folder (config.json + weights)."""
         config, sd = _read_folder(path)
-        model = cls(config, add_pooling_layer=any(k.startswith("pooler.") for k in sd))
+        pool = any(k.startswith("pooler.") for k in sd)
         sd = {k[4:] if k.startswith("vit.") else k: v for k, v in sd.items()}
-        apply_weights(model, {k: v for k, v in sd.items() if k != "classifier.weight"}, legacy_key)
+        sd = {k: v for k, v in sd.items() if not k.startswith("classifier.")}
+        model = build_checked(lambda: cls(config, add_pooling_layer=pool), sd, legacy_key)
+        apply_weights(model, sd, legacy_key)
         return model.eval()
 
 
@@ -255,8 +257,8 @@ class ViTForImageClassification(nn.Module):
         """From a Hugging Face folder (config.json + model.safetensors / pytorch_model.bin)."""
         config, sd = _read_folder(path)
         if "classifier.weight" in sd:
-            config.num_labels = sd["classifier.weight"].shape[0]
-        model = cls(config)
+            config.num_labels = class_count(sd, "classifier.weight", config.hidden_size)
+        model = build_checked(lambda: cls(config), sd, legacy_key)
         apply_weights(model, sd, legacy_key)
         return model.eval()
 
@@ -284,8 +286,36 @@ def _read_folder(path) -> tuple[ViTConfig, dict]:
     cfg = p / "config.json" if p.is_dir() else p.parent / "config.json"
     if not cfg.is_file():
         raise FormatError(f"{p}: no config.json next to the weights (a Hugging Face ViT folder)")
-    config = ViTConfig.from_dict(json.loads(cfg.read_text()))
-    return config, checkpoint_from(p)
+    try:
+        config = ViTConfig.from_dict(json.loads(cfg.read_text()))
+    except (ValueError, TypeError, RecursionError) as e:
+        raise FormatError(f"{cfg}: not a usable ViT config.json ({e})") from None
+    sd = checkpoint_from(p)
+    _check_config(config, cfg, len(sd))
+    return config, sd
+
+
+def _check_config(config: ViTConfig, where, n_tensors: int) -> None:
+    """Sizes a config.json may give, checked before any module is built from them."""
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "image_size", "patch_size", "num_channels", "num_labels"):  # fmt: skip
+        v = getattr(config, name)
+        if type(v) is not int or v < 1:
+            raise FormatError(f"{where}: {name} must be a positive integer, found {v!r:.40}")
+    if config.hidden_size % config.num_attention_heads:
+        raise FormatError(
+            f"{where}: hidden_size {config.hidden_size} is not a multiple of "
+            f"num_attention_heads {config.num_attention_heads}"
+        )
+    if config.patch_size > config.image_size:
+        raise FormatError(
+            f"{where}: patch_size {config.patch_size} exceeds image_size {config.image_size}"
+        )
+    if config.num_hidden_layers > n_tensors:  # every layer holds tensors of its own
+        raise FormatError(
+            f"{where}: num_hidden_layers {config.num_hidden_layers} but the checkpoint holds "
+            f"only {n_tensors} tensors"
+        )
 
 
 def vit_b_16(weights=None, num_labels: int = 1000) -> ViTForImageClassification:

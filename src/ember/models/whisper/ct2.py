@@ -23,19 +23,15 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from ember.errors import FormatError, UnsupportedError
+from ember.io._common import LazyDTypes, checked_numel
 
-CT2_DTYPES = {
-    0: np.dtype("<f4"),
-    1: np.dtype("i1"),
-    2: np.dtype("<i2"),
-    3: np.dtype("<i4"),
-    4: np.dtype("<f2"),
-    5: np.dtype(ml_dtypes.bfloat16),
-}
+# dtype id -> numpy dtype; bfloat16 comes from ml_dtypes, imported when a file first uses it
+CT2_DTYPES = LazyDTypes(
+    {0: "<f4", 1: "i1", 2: "<i2", 3: "<i4", 4: "<f2", 5: "ml_dtypes.bfloat16"}  # type: ignore[dict-item]
+)
 _ITEM_SIZE_DTYPES = {4: np.dtype("<f4"), 2: np.dtype("<i2"), 1: np.dtype("i1")}  # version < 4
 MAX_BINARY_VERSION = 6
 MAX_RANK = 8
@@ -89,9 +85,14 @@ class CT2Model:
     variables: dict[str, np.ndarray]
     aliases: dict[str, str] = field(default_factory=dict)
     trailing_bytes: int = 0
+    resolved: dict[str, str] = field(default_factory=dict, repr=False)  # alias -> variable
 
     def resolve(self, name: str) -> str:
         """The stored variable a name refers to, following aliases."""
+        if name in self.variables:
+            return name
+        if name in self.resolved:
+            return self.resolved[name]
         seen = set()
         while name not in self.variables:
             if name not in self.aliases or name in seen:
@@ -114,7 +115,12 @@ class CT2Model:
         """A 0-d variable as a Python number (default when absent)."""
         if name not in self:
             return default
-        return self[name].reshape(()).item()
+        arr = self[name]
+        if arr.size != 1:
+            raise FormatError(
+                f"{self.path}: {name} should hold one number, it has shape {arr.shape}"
+            )
+        return arr.reshape(()).item()
 
     def float_array(self, name: str, dtype=np.float32) -> np.ndarray:
         """A variable as floats: float16/bfloat16 upcast, int8/int16 divided by its *_scale."""
@@ -193,9 +199,7 @@ def parse_ct2(buf, path: str = "<bytes>") -> CT2Model:
             if dtype is None:
                 raise FormatError(f"{path}: {name} has unknown item size {item}")
             n_bytes = c.unpack("I", f"size of {name}") * item
-        count = 1
-        for d in dims:
-            count *= d
+        count = checked_numel(tuple(dims), path, f"variable {name!r}", dtype.itemsize)
         if count * dtype.itemsize != n_bytes:
             raise FormatError(
                 f"{path}: {name} has shape {tuple(dims)} of {dtype} "
@@ -220,23 +224,45 @@ def parse_ct2(buf, path: str = "<bytes>") -> CT2Model:
         for i in range(n_alias):
             alias = c.string(f"alias {i}")
             aliases[alias] = c.string(f"target of alias {alias}")
-    model = CT2Model(path, version, spec, revision, variables, aliases, c.size - c.pos)
+    resolved = _resolve_aliases(path, variables, aliases)
+    return CT2Model(path, version, spec, revision, variables, aliases, c.size - c.pos, resolved)
+
+
+def _resolve_aliases(path: str, variables: dict, aliases: dict[str, str]) -> dict[str, str]:
+    """Every alias's stored variable, in one pass over the chains (each link followed once)."""
+    out: dict[str, str] = {}
     for alias in aliases:
-        try:
-            model.resolve(alias)
-        except KeyError:
-            raise FormatError(
-                f"{path}: alias {alias!r} -> {aliases[alias]!r} names no stored variable"
-            ) from None
-    return model
+        chain, name = [], alias
+        while name not in variables and name not in out:
+            if name not in aliases or name in chain:
+                raise FormatError(
+                    f"{path}: alias {alias!r:.200} -> {aliases[alias]!r:.200} names no stored "
+                    "variable"
+                )
+            chain.append(name)
+            if len(chain) > len(aliases):  # cannot happen without a cycle; belt and braces
+                break
+            name = aliases[name]
+        target = name if name in variables else out[name]
+        for link in chain:
+            out[link] = target
+    return out
 
 
 # --- Whisper: CTranslate2 WhisperSpec names -> transformers' WhisperForConditionalGeneration names
 
 
 def _layer_count(ct2: CT2Model, prefix: str) -> int:
+    """Layers 0..n-1 that have variables under `prefix/layer_i/` (one pass over the names)."""
+    start = f"{prefix}/layer_"
+    seen = set()
+    for k in ct2.variables:
+        if k.startswith(start):
+            index, sep, _ = k[len(start) :].partition("/")
+            if sep and index.isascii() and index.isdigit() and (index == "0" or index[0] != "0"):
+                seen.add(int(index))
     n = 0
-    while any(k.startswith(f"{prefix}/layer_{n}/") for k in ct2.variables):
+    while n in seen:
         n += 1
     return n
 
@@ -246,12 +272,12 @@ def whisper_config_from_ct2(ct2: CT2Model, extra: dict | None = None) -> dict:
     if ct2.spec not in ("WhisperSpec", ""):
         raise UnsupportedError(f"{ct2.path}: spec {ct2.spec!r} is not a Whisper model")
     try:
-        vocab, d_model = ct2["decoder/embeddings/weight"].shape
-        n_mels = ct2["encoder/conv1/weight"].shape[1]
-        enc_ffn = ct2["encoder/layer_0/ffn/linear_0/weight"].shape[0]
-        dec_ffn = ct2["decoder/layer_0/ffn/linear_0/weight"].shape[0]
-        src_pos = ct2["encoder/position_encodings/encodings"].shape[0]
-        tgt_pos = ct2["decoder/position_encodings/encodings"].shape[0]
+        vocab, d_model = _dims(ct2, "decoder/embeddings/weight", 2)
+        n_mels = _dims(ct2, "encoder/conv1/weight", 3)[1]
+        enc_ffn = _dims(ct2, "encoder/layer_0/ffn/linear_0/weight", 2)[0]
+        dec_ffn = _dims(ct2, "decoder/layer_0/ffn/linear_0/weight", 2)[0]
+        src_pos = _dims(ct2, "encoder/position_encodings/encodings", 2)[0]
+        tgt_pos = _dims(ct2, "decoder/position_encodings/encodings", 2)[0]
     except KeyError as e:
         raise FormatError(f"{ct2.path}: not a Whisper model, missing {e.args[0]}") from None
     act = ct2.scalar("decoder/activation", 3)
@@ -273,6 +299,26 @@ def whisper_config_from_ct2(ct2: CT2Model, extra: dict | None = None) -> dict:
     }
     if not cfg["encoder_attention_heads"] or not cfg["decoder_attention_heads"]:
         raise FormatError(f"{ct2.path}: missing encoder/num_heads or decoder/num_heads")
+    for side in ("encoder", "decoder"):
+        heads = cfg[f"{side}_attention_heads"]
+        if heads < 1 or d_model % heads:
+            raise FormatError(
+                f"{ct2.path}: {side}/num_heads {heads} does not divide d_model {d_model}"
+            )
+    # The weights these sizes imply must be in the file: a model is never built bigger than
+    # what it stores (zero-size variables cannot stand for layers).
+    e, d = cfg["encoder_layers"], cfg["decoder_layers"]
+    implied = (
+        e * (4 * d_model + 2 * enc_ffn) * d_model
+        + d * (8 * d_model + 2 * dec_ffn) * d_model
+        + (vocab + src_pos + tgt_pos) * d_model
+    )
+    stored = sum(a.size for a in ct2.variables.values())
+    if implied > stored:
+        raise FormatError(
+            f"{ct2.path}: its shapes imply a Whisper model of {implied} weights "
+            f"({e} encoder and {d} decoder layers of width {d_model}) but it stores {stored}"
+        )
     if extra:
         if "suppress_ids" in extra:
             cfg["suppress_tokens"] = list(extra["suppress_ids"])
@@ -283,6 +329,16 @@ def whisper_config_from_ct2(ct2: CT2Model, extra: dict | None = None) -> dict:
         if "alignment_heads" in extra:
             cfg["alignment_heads"] = [list(h) for h in extra["alignment_heads"]]
     return cfg
+
+
+def _dims(ct2: CT2Model, name: str, rank: int) -> tuple[int, ...]:
+    """The shape of a variable that sizes the model: `rank` dims, none of them zero."""
+    shape = ct2[name].shape
+    if len(shape) != rank or 0 in shape:
+        raise FormatError(
+            f"{ct2.path}: {name} should have {rank} non-zero dimensions, it has shape {shape}"
+        )
+    return shape
 
 
 _LN = {"gamma": "weight", "beta": "bias"}
