@@ -19,17 +19,25 @@ class Generator:
     """A seeded source of random numbers (numpy PCG64 underneath), as torch.Generator."""
 
     def __init__(self, device="cpu") -> None:
-        self._seed = int(np.random.SeedSequence().entropy % (2**63))
-        self.rng = np.random.default_rng(self._seed)
+        self._seed: int | None = None
+        self._rng: np.random.Generator | None = None  # seeded from entropy on first use
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The numpy Generator drawing the numbers (numpy.random is imported on first use)."""
+        if self._rng is None:
+            self.manual_seed(int(np.random.SeedSequence().entropy % (2**63)))
+        return self._rng
 
     def manual_seed(self, seed: int) -> Generator:
         """Reset the stream to a seed; returns self."""
         self._seed = int(seed)
-        self.rng = np.random.default_rng(self._seed)
+        self._rng = np.random.default_rng(self._seed)
         return self
 
     def initial_seed(self) -> int:
         """The seed this generator was last seeded with."""
+        self.rng  # noqa: B018  (seeds it if nothing drew from it yet)
         return self._seed
 
     def get_state(self) -> dict:
