@@ -8,6 +8,7 @@ files peft reads, ``PeftModel.from_pretrained`` reads the ones peft writes, and
 
 from ember.peft.config import LoraConfig, PeftConfigError
 from ember.peft.files import get_peft_model_state_dict, set_peft_model_state_dict
+from ember.peft.gguf import load_gguf_adapter, save_gguf_adapter
 from ember.peft.layer import LoraLinear, ModulesToSaveWrapper
 from ember.peft.model import LoraModel, PeftModel, get_peft_model
 
@@ -20,5 +21,7 @@ __all__ = [
     "PeftModel",
     "get_peft_model",
     "get_peft_model_state_dict",
+    "load_gguf_adapter",
+    "save_gguf_adapter",
     "set_peft_model_state_dict",
 ]
