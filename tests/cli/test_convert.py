@@ -106,3 +106,55 @@ def test_bad_inputs_are_clear_errors(tmp_path, capsys):
     assert "error" in capsys.readouterr().err
     assert main(["convert", str(SMOL), str(tmp_path / "x.onnx")]) == 1
     assert main(["convert", str(tmp_path / "missing.pt"), str(tmp_path / "y.safetensors")]) == 1
+
+
+def test_help_lists_every_conversion_and_type(capsys):
+    from ember.cli.convert import QUANTIZE_HELP
+    from ember.quant import QUANTIZE_TYPES
+
+    try:
+        code = main(["convert", "--help"])
+    except SystemExit as e:  # argparse's exit, unless main turns it into a status
+        code = e.code
+    assert code == 0
+    out = capsys.readouterr().out
+    assert QUANTIZE_HELP.split(", ") == [t.lower() for t in QUANTIZE_TYPES]
+    assert QUANTIZE_HELP in out
+    for words in ("-> .safetensors", "-> FOLDER", "FOLDER | .safetensors -> .gguf", "bfloat16"):
+        assert words in out
+
+
+def _error_line(capsys, argv):
+    assert main(["convert", *argv]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ember convert: error: "), captured.err
+    return lines[0]
+
+
+def test_argument_errors_are_one_line(tmp_path, capsys):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (tmp_path / "out.gguf").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    st = tmp_path / "plain.safetensors"
+    from ember.io import save_safetensors
+
+    save_safetensors({"w": np.zeros((2, 2), np.float32)}, st)
+    cases = [
+        ([str(tmp_path / "missing.pt"), str(tmp_path / "y.safetensors")], "no such file"),
+        ([str(folder), str(tmp_path / "y.gguf")], "without config.json"),
+        ([str(SMOL), str(tmp_path / "out.gguf")], "is a folder"),
+        ([str(SMOL), str(tmp_path / "a_file")], "is a file"),
+        ([str(SMOL), str(tmp_path / "hf"), "--quantize", "q8_0"], "not a .gguf output"),
+        ([str(SMOL), str(tmp_path / "x.onnx")], "unknown output type .onnx"),
+        ([str(SMOL), str(tmp_path / "x.pt")], "cannot convert gguf -> torch"),
+        ([str(SMOL), str(SMOL)], "overwrite the input"),
+        ([str(SMOL), str(tmp_path / "no" / "x.safetensors")], "no such folder"),
+        ([str(st), str(tmp_path / "q.gguf"), "--quantize", "q3_x"], "q4_0, q4_1"),
+        ([str(st), str(tmp_path / "q.gguf"), "--dtype", "int8"], "--dtype int8"),
+        ([str(st), str(tmp_path / "q.gguf")], "no config.json"),
+    ]
+    for argv, words in cases:
+        assert words in _error_line(capsys, argv), argv
+    assert not (tmp_path / "q.gguf").exists()

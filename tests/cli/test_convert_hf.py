@@ -247,3 +247,44 @@ def test_quantize_reports_what_stayed_in_float(smol_hf, tmp_path, capsys):
     assert "rows of 576 values do not split into Q4_K blocks of 256 (181)" in text
     assert "1-D (norms, biases)" in text and "blk.*.attn_norm.weight (30)" in text
     assert g.metadata["general.file_type"] == 14 and g.metadata["general.quantization_version"]
+
+
+def _refused(capsys, argv, words):
+    assert main(["convert", *argv]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ember convert: error: ") and len(err.splitlines()) == 1, err
+    assert words in err, err
+
+
+def test_what_cannot_be_written_faithfully_is_refused(smol_hf, tmp_path, capsys):
+    import tokenizers
+
+    from ember.io import load_safetensors, save_safetensors
+
+    gpt2 = write_tiny_llama_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
+    _refused(capsys, [str(gpt2), str(tmp_path / "o1")], "GGUF architecture 'gpt2'")
+
+    folder = _tiny_transformers_folder(tmp_path / "hf", "llama", smol_hf, False, False)
+    capsys.readouterr()  # transformers' own progress bars
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    _refused(capsys, [str(folder), str(tmp_path / "o2.gguf")], "model_type 'gpt2'")
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+    spec = json.loads((smol_hf / "tokenizer.json").read_text())
+    odd = json.loads(json.dumps(spec))
+    odd["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[a-m]+"
+    (folder / "tokenizer.json").write_text(json.dumps(odd))
+    _refused(capsys, [str(folder), str(tmp_path / "o3.gguf")], "no llama.cpp pre-tokenizer")
+    wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
+    (folder / "tokenizer.json").write_text(wordpiece.to_str())
+    _refused(capsys, [str(folder), str(tmp_path / "o4.gguf")], "tokenizer model 'WordPiece'")
+    (folder / "tokenizer.json").unlink()
+    _refused(capsys, [str(folder), str(tmp_path / "o5.gguf")], "no tokenizer.json")
+
+    shutil.copy(smol_hf / "tokenizer.json", folder / "tokenizer.json")
+    weights = load_safetensors(folder / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_safetensors(weights, folder / "model.safetensors")
+    _refused(capsys, [str(folder), str(tmp_path / "o6.gguf")], "model.layers.1.mlp.up_proj")
+    assert not list(tmp_path.glob("o*"))

@@ -156,6 +156,8 @@ def run(args) -> int:
     """Check the arguments, pick the conversion from SRC and DST, report what was written."""
     src, dst = Path(args.src), Path(args.dst)
     s, d = _kind(src, "src"), _kind(dst, "dst")
+    if d != "folder" and not dst.parent.is_dir():
+        raise EmberError(f"{dst.parent}: no such folder to write {dst.name} in")
     if src.resolve() == dst.resolve():
         raise EmberError(f"{src}: the output would overwrite the input")
     if args.dtype is not None:
