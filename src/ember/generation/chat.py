@@ -5,12 +5,23 @@ A chat template is untrusted code from a model file, so it runs in jinja2's
 `apply_chat_template` (trim_blocks, lstrip_blocks, loopcontrols, `raise_exception`,
 `strftime_now`, a `tojson` that keeps non-ASCII text, safe `dict` and `namespace`). The same
 template and messages therefore render to the same string in ember and in transformers.
+
+The rendered prompt is a `ChatPrompt`: a str that also remembers where control-token strings
+(`<|im_start|>`, `<s>`, ...) written by the user ended up, so that the tokenizer turns only the
+template's own scaffolding into control ids (llama.cpp's `parse_special`, per span). Before
+rendering, each such string in the conversation's data is wrapped in two marker characters that
+appear nowhere else; after rendering, the markers are removed and their places recorded. Only the
+control-token strings are wrapped, never whole messages, so template filters such as `trim` or
+`split` see the same text as without markers (a test on the token itself, such as
+`content.startswith('<|im_end|>')`, or slicing by position sees the markers, as with
+transformers' `sanitize_control_tokens`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -127,6 +138,98 @@ def _plain(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+class ChatPrompt(str):
+    """A rendered chat prompt: the text, plus the spans of control-token strings the user wrote.
+
+    `text_spans` holds (start, end) character ranges that `Tokenizer.encode` keeps as text; the
+    rest is parsed for control tokens. String operations (`+`, slicing, formatting) return a
+    plain str, which `encode` treats as user text throughout.
+    """
+
+    text_spans: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, text_spans: Sequence[tuple[int, int]] = ()) -> ChatPrompt:
+        """Wrap `text`; `text_spans` are the ranges to keep as text."""
+        self = super().__new__(cls, text)
+        self.text_spans = tuple((int(a), int(b)) for a, b in text_spans)
+        return self
+
+    def __reduce__(self) -> tuple:
+        """Pickle with the spans."""
+        return (ChatPrompt, (str(self), self.text_spans))
+
+
+@lru_cache(maxsize=32)
+def _token_pattern(tokens: tuple[str, ...]) -> re.Pattern:
+    """A regex matching any of `tokens`, longest first."""
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def _strings_of(value: Any, out: list[str]) -> list[str]:
+    """Every str inside `value` (dict keys and values, list items), appended to `out`."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _strings_of(k, out)
+            _strings_of(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _strings_of(v, out)
+    return out
+
+
+def _markers(texts: Sequence[str]) -> tuple[str, str]:
+    """Two private-use characters that occur in none of `texts`."""
+    joined = "".join(texts)
+    for cp in range(0xE000, 0xF8FF, 2):
+        if chr(cp) not in joined and chr(cp + 1) not in joined:
+            return chr(cp), chr(cp + 1)
+    raise FormatError("chat data uses every private-use character; cannot mark control tokens")
+
+
+def _mark(value: Any, pattern: re.Pattern, open_: str, close: str) -> Any:
+    """`value` with every match of `pattern` in its strings wrapped in the two markers."""
+    if isinstance(value, str):
+        return pattern.sub(lambda m: open_ + m.group(0) + close, value)
+    if isinstance(value, dict):
+        return {
+            _mark(k, pattern, open_, close): _mark(v, pattern, open_, close)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_mark(v, pattern, open_, close) for v in value]
+    return value
+
+
+def _unmark(text: str, open_: str, close: str) -> ChatPrompt:
+    """Remove the markers; the ranges they enclosed become the prompt's text spans.
+
+    A marker the template cut off (an opening one without its closing one) protects the text up
+    to the end, so a lost marker can only make more of the prompt plain text.
+    """
+    parts = re.split(f"([{re.escape(open_)}{re.escape(close)}])", text)
+    clean: list[str] = []
+    spans: list[tuple[int, int]] = []
+    at, depth, start = 0, 0, 0
+    for part in parts:
+        if part == open_:
+            if depth == 0:
+                start = at
+            depth += 1
+        elif part == close:
+            if depth > 0:
+                depth -= 1
+                if depth == 0 and at > start:
+                    spans.append((start, at))
+        else:
+            clean.append(part)
+            at += len(part)
+    if depth > 0 and at > start:
+        spans.append((start, at))
+    return ChatPrompt("".join(clean), spans)
+
+
 def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     """Messages as plain dicts, without keys whose value is None (OpenAI's `content=None`)."""
     out = []
@@ -144,14 +247,28 @@ def render_chat_template(
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
     documents: Sequence[Mapping[str, Any]] | None = None,
+    literal_tokens: Collection[str] = (),
     **variables: Any,
-) -> str:
-    """Render `messages` with a chat template; `variables` (bos_token, ...) are passed on."""
+) -> ChatPrompt:
+    """Render `messages` with a chat template; `variables` (bos_token, ...) are passed on.
+
+    Occurrences of `literal_tokens` (the tokenizer's control-token strings) in the messages,
+    tools and documents are recorded in the result's `text_spans`, so they encode as text.
+    """
     compiled = compile_chat_template(template)
-    return compiled.render(
-        messages=_normalize_messages(messages),
-        tools=_plain(tools),
-        documents=_plain(documents),
-        add_generation_prompt=add_generation_prompt,
-        **{k: _plain(v) for k, v in variables.items()},
-    )
+    data = {
+        "messages": _normalize_messages(messages),
+        "tools": _plain(tools),
+        "documents": _plain(documents),
+    }
+    variables = {k: _plain(v) for k, v in variables.items()}
+    tokens = tuple(sorted({t for t in literal_tokens if t}))
+    if not tokens:
+        text = compiled.render(**data, add_generation_prompt=add_generation_prompt, **variables)
+        return ChatPrompt(text)
+    user = _strings_of(list(data.values()), [])
+    open_, close = _markers([template, *user, *_strings_of(variables, []), *tokens])
+    pattern = _token_pattern(tokens)
+    marked = {k: _mark(v, pattern, open_, close) for k, v in data.items()}
+    text = compiled.render(**marked, add_generation_prompt=add_generation_prompt, **variables)
+    return _unmark(text, open_, close)

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 import ember
-from ember.errors import ShapeError
+from ember.errors import ShapeError, UnsupportedError
 from ember.generation.cache import KVCache
 from ember.generation.sampling import Sampler, SamplingParams
 
@@ -140,10 +140,15 @@ def stream_text(
     stop_token_ids: Sequence[int] | None = None,
     add_special_tokens: bool = True,
     truncate: bool = False,
+    parse_special: bool = False,
 ) -> Iterator[str]:
-    """Yield pieces of generated text as they come (never half a character, never a stop string)."""
+    """Yield pieces of generated text as they come (never half a character, never a stop string).
+
+    A str prompt is user text: control-token strings in it stay text unless
+    `parse_special=True` (a `ChatPrompt` from `apply_chat_template` keeps its scaffolding).
+    """
     ids = (
-        tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        tokenizer.encode(prompt, add_special_tokens=add_special_tokens, parse_special=parse_special)
         if isinstance(prompt, str)
         else list(prompt)
     )
@@ -176,14 +181,28 @@ def generate(
     max_new_tokens: int = 128,
     sampling: SamplingParams | None = None,
     stop: Sequence[str] = (),
+    *,
+    parse_special: bool = False,
     **kwargs,
 ) -> str | list[str]:
-    """Generate the continuation of one prompt (a str) or of several (a list of str, batched)."""
+    """Generate the continuation of one prompt (a str) or of several (a list of str, batched).
+
+    Control-token strings in the prompts are text unless `parse_special=True`.
+    """
     if isinstance(prompt, str):
         return "".join(
-            stream_text(model, tokenizer, prompt, max_new_tokens, sampling, stop, **kwargs)
+            stream_text(
+                model,
+                tokenizer,
+                prompt,
+                max_new_tokens,
+                sampling,
+                stop,
+                parse_special=parse_special,
+                **kwargs,
+            )
         )
-    batch = [tokenizer.encode(p) for p in prompt]
+    batch = [tokenizer.encode(p, parse_special=parse_special) for p in prompt]
     stops_ids = set(tokenizer.eos_token_ids)
     outs: list[list[int]] = [[] for _ in batch]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -195,3 +214,111 @@ def generate(
                 outs[i].append(t)
     texts = [tokenizer.decode(o, skip_special_tokens=True) for o in outs]
     return [_stop_split(t, stop)[0] for t in texts]
+
+
+# transformers' GenerationConfig defaults, used by `generate_ids` where the caller passes nothing.
+_HF_MAX_LENGTH, _HF_TOP_K = 20, 50
+
+
+def _ids_2d(value, name: str) -> np.ndarray:
+    """A (batch, t) int64 array from a Tensor, numpy array or (nested) list."""
+    if isinstance(value, ember.Tensor):
+        value = value.numpy()
+    array = np.asarray(value)
+    if array.ndim == 1:
+        array = array[None]
+    if array.ndim != 2:
+        raise ShapeError(f"generate: {name} should be (batch, length), got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer) and array.dtype != bool:
+        raise ShapeError(f"generate: {name} should hold integers, got {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _id_list(value) -> list[int]:
+    """eos_token_id as a list: None, an int, or a list of ints."""
+    if value is None:
+        return []
+    if isinstance(value, (int, np.integer)):
+        return [int(value)]
+    return [int(v) for v in value]
+
+
+def generate_ids(
+    model,
+    input_ids,
+    attention_mask=None,
+    *,
+    max_new_tokens: int | None = None,
+    max_length: int | None = None,
+    do_sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    num_beams: int = 1,
+    seed: int | None = None,
+) -> ember.Tensor:
+    """transformers' `model.generate(input_ids, ...)`: (batch, prompt + new) int64 ids.
+
+    Greedy unless `do_sample=True` (then temperature 1, top-k 50, as transformers' defaults);
+    rows that reach an eos id are filled with `pad_token_id` (default: the config's, else the
+    first eos) until every row is done. `attention_mask` (or, without one, the pad id found in
+    the prompt) marks left padding. `seed` makes sampling repeatable.
+    """
+    ids = _ids_2d(input_ids, "input_ids")
+    b, width = ids.shape
+    if b == 0 or width == 0:
+        raise ShapeError(f"generate: input_ids of shape {ids.shape} has no tokens to continue")
+    if num_beams != 1:
+        raise UnsupportedError(f"generate: beam search (num_beams={num_beams}) is not supported")
+    cfg = model.config
+    eos = _id_list(eos_token_id if eos_token_id is not None else getattr(cfg, "eos_token_id", None))
+    pad = pad_token_id if pad_token_id is not None else getattr(cfg, "pad_token_id", None)
+    if attention_mask is not None:
+        mask = _ids_2d(attention_mask, "attention_mask").astype(bool)
+        if mask.shape != ids.shape:
+            raise ShapeError(
+                f"generate: attention_mask shape {mask.shape} differs from input_ids {ids.shape}"
+            )
+    elif pad is not None and pad not in eos and (ids == pad).any():
+        mask = ids != pad  # as transformers infers it
+    else:
+        mask = np.ones_like(ids, dtype=bool)
+    if pad is None:
+        pad = eos[0] if eos else 0
+    if max_new_tokens is None:
+        max_new_tokens = (_HF_MAX_LENGTH if max_length is None else max_length) - width
+        if max_new_tokens < 1:
+            raise ShapeError(
+                f"generate: max_length={max_length or _HF_MAX_LENGTH} leaves no room after the "
+                f"{width}-token prompt; pass max_new_tokens"
+            )
+    if max_new_tokens < 1:
+        raise ShapeError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    penalty = 1.0 if repetition_penalty is None else repetition_penalty
+    if do_sample:
+        temperature = 1.0 if temperature is None else temperature
+        if not temperature > 0:
+            raise ValueError(f"generate: do_sample needs temperature > 0, got {temperature}")
+        params = SamplingParams(
+            temperature=temperature,
+            top_k=_HF_TOP_K if top_k is None else top_k,
+            top_p=1.0 if top_p is None else top_p,
+            min_p=0.0 if min_p is None else min_p,
+            repetition_penalty=penalty,
+            seed=seed,
+        )
+    else:
+        params = SamplingParams(repetition_penalty=penalty)
+    prompts = [row[keep].tolist() for row, keep in zip(ids, mask)]
+    if any(not p for p in prompts):
+        raise ShapeError("generate: a row of attention_mask has no real token")
+    steps = [
+        [pad if t is None else t for t in step]
+        for step in generate_tokens(model, prompts, max_new_tokens, params, eos, pad_token_id=pad)
+    ]
+    new = np.array(steps, np.int64).reshape(len(steps), b).T
+    return ember.from_numpy(np.ascontiguousarray(np.concatenate([ids, new], axis=1)))

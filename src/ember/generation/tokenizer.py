@@ -7,10 +7,17 @@ or from a GGUF file's metadata, which has no tokenizer.json: there the vocabular
 types and the pre-tokenizer name are turned into the `tokenizers` pipeline that llama.cpp's own
 tokenizer implements, so ember and llama.cpp give the same ids for the same file.
 
-    tok = Tokenizer.from_pretrained("path/to/model")
+    tok = Tokenizer.from_pretrained("path/to/model")   # a folder, a GGUF file or tokenizer.json
     ids = tok.encode("Hello")
     text = tok.decode(ids)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    batch = tok(["a b", "c"], padding=True)           # input_ids + attention_mask, as transformers
+
+Control tokens. Text is user text: `encode` tokenizes `<|im_start|>`, `<s>`, `[INST]` ... as the
+characters they are (llama.cpp's `parse_special=false`, `tokenizers`' `encode_special_tokens`),
+so a message cannot forge a turn. Only a chat template's own scaffolding becomes control ids:
+`apply_chat_template` returns a `ChatPrompt` that remembers which control-token strings came from
+the conversation. `parse_special=True` parses control tokens everywhere (transformers' default).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from ember.errors import FormatError, UnsupportedError
+from ember.errors import FormatError, ShapeError, UnsupportedError
+from ember.generation.chat import ChatPrompt
 
 if TYPE_CHECKING:
     from ember.generation.streaming import StreamDecoder
@@ -181,6 +189,42 @@ def _numbers(value: Any) -> list:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
+def _text_backend(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    """A twin of `backend` that encodes special tokens' strings as text (model shared, no copy)."""
+    twin = tokenizers.Tokenizer(backend.model)
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        value = getattr(backend, part)
+        if value is not None:
+            setattr(twin, part, value)
+    added = backend.get_added_tokens_decoder()
+    for _, token in sorted(added.items()):
+        (twin.add_special_tokens if token.special else twin.add_tokens)([token])
+    if twin.get_added_tokens_decoder() != added:  # ids beyond the model's vocabulary, with gaps
+        twin = tokenizers.Tokenizer.from_str(backend.to_str())
+    twin.encode_special_tokens = True
+    return twin
+
+
+def _id_rows(ids: Any) -> list:
+    """Token ids (list, numpy array, ember Tensor, nested) as Python ints/lists."""
+    if hasattr(ids, "numpy") and callable(ids.numpy):
+        ids = ids.numpy()
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return ids
+
+
+class BatchEncoding(dict):
+    """What calling a tokenizer returns: a dict (`input_ids`, `attention_mask`) with attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        """`enc.input_ids` is `enc["input_ids"]`."""
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def _spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
     """BPE merges that reproduce SentencePiece/llama.cpp merging by the merged token's score.
 
@@ -222,8 +266,13 @@ class Tokenizer:
         self.bos_token, self.eos_token = bos_token, eos_token
         self.unk_token, self.pad_token = unk_token, pad_token
         self._chat_template = chat_template
+        self.padding_side = "right"  # transformers' default; set "left" for batched generation
         if add_bos_token is not None or add_eos_token is not None:
             self._set_post_processor(bool(add_bos_token), bool(add_eos_token))
+        self._text = _text_backend(backend)
+        self._control = tuple(
+            t.content for t in backend.get_added_tokens_decoder().values() if t.special
+        )
         extra = {int(i) for i in eos_token_ids}
         if self.eos_token_id is not None:
             extra.add(self.eos_token_id)
@@ -248,9 +297,40 @@ class Tokenizer:
         return cls(backend, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> Tokenizer:
-        """Load a Hugging Face model directory: tokenizer.json plus its config files."""
-        directory = os.fspath(directory)
+    def from_gguf(cls, path: str | os.PathLike, *, pre_tokenizer: str | None = None) -> Tokenizer:
+        """The tokenizer stored in a GGUF file's metadata (the tensors are not read)."""
+        from ember.io.gguf import open_gguf
+
+        with open_gguf(path) as f:
+            metadata = f.metadata
+        return cls.from_gguf_metadata(metadata, pre_tokenizer=pre_tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> Tokenizer:
+        """Load a model folder (tokenizer.json + configs, or one GGUF), a GGUF file or a JSON file."""
+        path = os.fspath(path)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                magic = f.read(4)
+            if magic == b"GGUF":
+                return cls.from_gguf(path)
+            return cls.from_file(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no tokenizer at {path!r}: no such file or folder")
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            ggufs = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+            if len(ggufs) == 1:
+                return cls.from_gguf(os.path.join(path, ggufs[0]))
+            if ggufs:
+                raise FormatError(
+                    f"{path!r} has no tokenizer.json and {len(ggufs)} GGUF files "
+                    f"({', '.join(ggufs)}); pass the GGUF file to load"
+                )
+        return cls._from_folder(path)
+
+    @classmethod
+    def _from_folder(cls, directory: str) -> Tokenizer:
+        """A Hugging Face model directory: tokenizer.json plus its config files."""
 
         def read(name: str) -> dict:
             path = os.path.join(directory, name)
@@ -287,7 +367,7 @@ class Tokenizer:
             eos_ids += value if isinstance(value, list) else [] if value is None else [value]
         # bos/eos are added by tokenizer.json's post-processor; like transformers, ignore the
         # config's add_bos_token/add_eos_token when a tokenizer.json is present.
-        return cls.from_file(
+        tok = cls.from_file(
             path,
             bos_token=token("bos_token"),
             eos_token=token("eos_token"),
@@ -296,6 +376,9 @@ class Tokenizer:
             chat_template=template,
             eos_token_ids=eos_ids,
         )
+        if config.get("padding_side") in ("left", "right"):
+            tok.padding_side = config["padding_side"]
+        return tok
 
     @classmethod
     def from_gguf_metadata(
@@ -463,20 +546,166 @@ class Tokenizer:
 
     # --- encoding and decoding ----------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; `add_special_tokens` adds bos/eos as the model's config says."""
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(
+        self, text: str, add_special_tokens: bool = True, *, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of `text`; `add_special_tokens` adds bos/eos as the model's config says.
+
+        Control-token strings in `text` are text unless `parse_special=True`; in a `ChatPrompt`
+        (what `apply_chat_template` returns) the template's own are parsed, the user's are not.
+        """
+        return self._encode(text, add_special_tokens, parse_special).ids
+
+    def _encode(self, text: str, add_special_tokens: bool, parse_special: bool) -> Any:
+        """The `tokenizers.Encoding` of `text`, post-processed (bos/eos) if asked."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        spans = text.text_spans if isinstance(text, ChatPrompt) else None
+        if parse_special or spans == ():
+            return self._backend.encode(str(text), add_special_tokens=add_special_tokens)
+        if spans is None:
+            return self._text.encode(text, add_special_tokens=add_special_tokens)
+        enc = self._split_encoding(str(text), spans)
+        return self._backend.post_process(enc, None, add_special_tokens)
+
+    def _split_encoding(self, text: str, spans: Sequence[tuple[int, int]]) -> Any:
+        """Encoding of `text` with control tokens parsed except where they overlap `spans`.
+
+        As in llama.cpp, the text is cut at the accepted control tokens and each piece between
+        them is tokenized on its own (with control-token strings as text).
+        """
+        special = self._special_ids()
+        found = self._backend.encode(text, add_special_tokens=False)
+        parts, cut = [], 0
+        for tid, (start, end) in zip(found.ids, found.offsets):
+            if tid not in special or any(a < end and start < b for a, b in spans):
+                continue
+            if start > cut:
+                parts.append(self._text.encode(text[cut:start], add_special_tokens=False))
+            parts.append(self._backend.encode(text[start:end], add_special_tokens=False))
+            cut = end
+        if cut < len(text):
+            parts.append(self._text.encode(text[cut:], add_special_tokens=False))
+        return tokenizers.Encoding.merge(parts, growing_offsets=True)
 
     def encode_batch(
-        self, texts: Sequence[str], add_special_tokens: bool = True
+        self, texts: Sequence[str], add_special_tokens: bool = True, *, parse_special: bool = False
     ) -> list[list[int]]:
-        """Token ids of each text (encoded in parallel by `tokenizers`)."""
-        encodings = self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        """Token ids of each text (plain texts are encoded in parallel by `tokenizers`)."""
+        texts = list(texts)
+        if parse_special or any(isinstance(t, ChatPrompt) for t in texts):
+            return [self.encode(t, add_special_tokens, parse_special=parse_special) for t in texts]
+        encodings = self._text.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [e.ids for e in encodings]
 
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        *,
+        add_special_tokens: bool = True,
+        padding: bool | str = False,
+        truncation: bool | str = False,
+        max_length: int | None = None,
+        padding_side: str | None = None,
+        return_tensors: str | None = None,
+        return_attention_mask: bool = True,
+        parse_special: bool = False,
+    ) -> BatchEncoding:
+        """Encode a text or a batch as transformers' tokenizers do: input_ids and attention_mask.
+
+        `padding` True/'longest' pads to the longest row, 'max_length' to `max_length`, with the
+        pad token on `padding_side` (default `self.padding_side`); `truncation` cuts rows to
+        `max_length` keeping bos/eos; `return_tensors` 'np' or 'ember' gives 2-D arrays.
+        """
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("a tokenizer takes a str or a list of str")
+        pad_to = self._pad_target(padding, max_length)
+        side = self.padding_side if padding_side is None else padding_side
+        if side not in ("left", "right"):
+            raise UnsupportedError(f"padding_side must be 'left' or 'right', got {side!r}")
+        if truncation not in (False, None, "do_not_truncate") and max_length is not None:
+            keep = max_length
+            if add_special_tokens and self._backend.post_processor is not None:
+                keep -= self._backend.post_processor.num_special_tokens_to_add(False)
+            if keep < 0:
+                raise ShapeError(f"max_length={max_length} leaves no room for bos/eos")
+        else:
+            keep = None
+        rows = []
+        for t in texts:
+            enc = self._encode(t, False, parse_special)
+            if keep is not None:
+                enc.truncate(keep)
+            rows.append(self._backend.post_process(enc, None, add_special_tokens).ids)
+        masks = [[1] * len(r) for r in rows]
+        if pad_to is not None:
+            if self.pad_token_id is None:
+                raise ShapeError(
+                    "cannot pad: this tokenizer has no pad token (set tok.pad_token = "
+                    "tok.eos_token, as with transformers)"
+                )
+            width = max(map(len, rows), default=0) if pad_to == "longest" else pad_to
+            for r, m in zip(rows, masks):
+                n = max(width - len(r), 0)
+                if side == "left":
+                    r[:0], m[:0] = [self.pad_token_id] * n, [0] * n
+                else:
+                    r += [self.pad_token_id] * n
+                    m += [0] * n
+        out = BatchEncoding(input_ids=rows)
+        if return_attention_mask:
+            out["attention_mask"] = masks
+        if return_tensors is not None:
+            for k, v in out.items():
+                out[k] = self._as_tensor(v, return_tensors, k)
+        elif single:
+            for k, v in out.items():
+                out[k] = v[0]
+        return out
+
+    @staticmethod
+    def _pad_target(padding: bool | str, max_length: int | None) -> int | str | None:
+        """'longest', a width, or None (no padding) for transformers' `padding` argument."""
+        if padding in (False, None, "do_not_pad"):
+            return None
+        if padding is True or padding == "longest":
+            return "longest"
+        if padding == "max_length":
+            if max_length is None:
+                raise ShapeError("padding='max_length' needs max_length=N")
+            return int(max_length)
+        raise UnsupportedError(
+            f"padding={padding!r} is not supported (True, 'longest', 'max_length' or False)"
+        )
+
+    @staticmethod
+    def _as_tensor(rows: list[list[int]], kind: str, key: str) -> Any:
+        """Rows as a 2-D int64 numpy array ('np') or ember Tensor ('ember')."""
+        import numpy as np
+
+        if kind not in ("np", "ember"):
+            raise UnsupportedError(
+                f"return_tensors={kind!r} is not supported: ember returns 'np' (numpy) or "
+                "'ember' tensors"
+            )
+        if len({len(r) for r in rows}) > 1:
+            raise ShapeError(
+                f"{key} rows have different lengths {sorted({len(r) for r in rows})}; pass "
+                "padding=True to make a tensor"
+            )
+        array = np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+        if kind == "np":
+            return array
+        import ember
+
+        return ember.from_numpy(array)
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; bytes that do not form valid UTF-8 become U+FFFD."""
-        ids = [int(i) for i in ids]
+        """Text of `ids` (a list, numpy array or Tensor); invalid UTF-8 becomes U+FFFD."""
+        ids = _id_rows(ids)
+        ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
         if not self._verbatim or self._verbatim.keys().isdisjoint(ids):
             return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
         parts, run = [], []
@@ -495,7 +724,13 @@ class Tokenizer:
         self, batch: Iterable[Iterable[int]], skip_special_tokens: bool = False
     ) -> list[str]:
         """Text of each id sequence."""
-        return [self.decode(ids, skip_special_tokens) for ids in batch]
+        return [self.decode(ids, skip_special_tokens) for ids in _id_rows(batch)]
+
+    def batch_decode(
+        self, sequences: Iterable[Iterable[int]], skip_special_tokens: bool = False
+    ) -> list[str]:
+        """Text of each row of ids (a list of lists, 2-D array or Tensor), as in transformers."""
+        return self.decode_batch(sequences, skip_special_tokens)
 
     def stream(self, skip_special_tokens: bool = False) -> StreamDecoder:
         """An incremental detokenizer: feed ids one at a time, get text that never splits a char."""
@@ -526,12 +761,16 @@ class Tokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         documents: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
+        parse_special: bool = False,
         **kwargs: Any,
-    ) -> str | list[int]:
+    ) -> ChatPrompt | list[int]:
         """Render a conversation with the model's chat template (ChatML if it has none).
 
-        With `tokenize=True` the prompt is encoded without adding special tokens, since the
-        template writes them itself. Extra keyword arguments become template variables.
+        The result is a `ChatPrompt` (a str): encoding it parses the template's control tokens
+        but keeps those written in messages, tools and documents as text, unless
+        `parse_special=True`. With `tokenize=True` the prompt is encoded without adding special
+        tokens, since the template writes them itself. Extra keyword arguments become template
+        variables.
         """
         from ember.generation.chat import CHATML_TEMPLATE, render_chat_template
 
@@ -543,6 +782,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             documents=documents,
+            literal_tokens=() if parse_special else self._control,
             **variables,
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -372,7 +372,8 @@ async def tokenize(request: Request) -> Any:
         add_special = body.get("add_special_tokens", True)
         if not isinstance(add_special, bool):
             raise bad("'add_special_tokens' must be a boolean", "add_special_tokens")
-        ids = tok.encode(prompt, add_special_tokens=add_special)
+        # a raw prompt, like a completion's: control tokens parsed (llama-server, vLLM)
+        ids = tok.encode(prompt, add_special_tokens=add_special, parse_special=True)
     return JSONResponse(
         {"tokens": ids, "count": len(ids), "max_model_len": state.limits.context_length}
     )
@@ -481,7 +482,9 @@ def _load_into(
             max_n=state.config.max_n,
             encode=lambda s: tok.encode(s, add_special_tokens=False),
             # completion prompts get the tokenizer's special tokens (bos where the model has one)
-            encode_prompt=lambda s: tok.encode(s, add_special_tokens=True),
+            # and, as llama-server's and vLLM's, their control tokens parsed; chat messages are
+            # text, only the template's scaffolding gives control ids (render_chat's ChatPrompt)
+            encode_prompt=lambda s: tok.encode(s, add_special_tokens=True, parse_special=True),
             render_chat=lambda m: tok.apply_chat_template(m, add_generation_prompt=True),
             vocab_size=tok.vocab_size,
         )
