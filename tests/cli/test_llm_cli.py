@@ -25,7 +25,7 @@ def test_chat_history_and_reset(monkeypatch, capsys):
     monkeypatch.setattr(
         sys, "stdin", io.StringIO("What is the capital of France?\n/reset\n/exit\n")
     )
-    assert main(["chat", "--max-tokens", "12"]) == 0
+    assert main(["chat", "--max-tokens", "12", "--temperature", "0"]) == 0
     captured = capsys.readouterr()
     assert "Paris" in captured.out and "history cleared" in captured.err
 

@@ -8,12 +8,13 @@ cat lines.txt | ember embed - --output vectors.npy        # one text per input l
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from ember.cli._args import existing_dir, int_at_least, writable_file
+from ember.cli._progress import add_progress_flag, bar
+from ember.cli._text import check_utf8, echo, read_stdin, to_json
 from ember.errors import EmberError
 
 
@@ -25,7 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", help="sentence-transformers or BERT folder (default: bundled all-MiniLM-L6-v2)"
     )
-    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument(
+        "--batch-size",
+        type=int_at_least(1),
+        default=32,
+        help="texts per forward pass (default 32)",
+    )
     p.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,
@@ -40,18 +46,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print shapes, norms and cosine similarities, not vectors",
     )
-    p.add_argument("--threads", type=int, help="threads for BLAS and kernels (default: all cores)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (model, dimension, texts, embeddings)",
+    )
+    p.add_argument(
+        "--threads", type=int_at_least(1), help="threads for BLAS and kernels (default: all cores)"
+    )
+    add_progress_flag(p)
 
 
-def read_texts(args_texts: list[str], stdin=None) -> list[str]:
+def read_texts(args_texts: list[str]) -> list[str]:
     """The texts: arguments as given, '-' replaced by the non-empty lines of stdin."""
+    if args_texts.count("-") > 1:
+        raise EmberError("'-' (stdin) can be given once")
     out = []
-    for t in args_texts:
+    for i, t in enumerate(args_texts, 1):
         if t == "-":
-            stream = stdin if stdin is not None else sys.stdin
-            out += [line.rstrip("\r\n") for line in stream if line.strip()]
+            lines = (line.removesuffix("\r") for line in read_stdin().split("\n"))
+            out += [line for line in lines if line.strip()]
+        elif not t.strip():
+            raise EmberError(f"TEXT {i} is empty")
         else:
-            out.append(t)
+            out.append(check_utf8(t, f"TEXT {i}"))
     return out
 
 
@@ -77,22 +95,49 @@ def summary(texts: list[str], emb: np.ndarray, model_path: str) -> str:
     return "\n".join(lines)
 
 
+def document(texts: list[str], emb: np.ndarray, model_path: str, normalized: bool) -> dict:
+    """The JSON form: model, dimension, normalized, texts and embeddings."""
+    return {
+        "model": model_path,
+        "dimension": int(emb.shape[1]),
+        "normalized": normalized,
+        "texts": texts,
+        "embeddings": emb.tolist(),
+    }
+
+
+def check_output(path: str) -> Path:
+    """The --output path, checked before any work: a .npy or .json file in an existing folder."""
+    p = writable_file(path, "--output")
+    if p.suffix not in (".npy", ".json"):
+        raise EmberError(f"--output {path!r}: use a .npy or .json file name")
+    return p
+
+
 def write(path: str, texts: list[str], emb: np.ndarray, model_path: str, normalized: bool) -> None:
     """Save as .npy (the matrix) or .json (texts, vectors and the model)."""
-    p = Path(path)
+    p = check_output(path)
     if p.suffix == ".npy":
         np.save(p, emb)
-    elif p.suffix == ".json":
-        doc = {
-            "model": model_path,
-            "dimension": int(emb.shape[1]),
-            "normalized": normalized,
-            "texts": texts,
-            "embeddings": emb.tolist(),
-        }
-        p.write_text(json.dumps(doc))
     else:
-        raise EmberError(f"--output {path!r}: use a .npy or .json file name")
+        p.write_text(to_json(document(texts, emb, model_path, normalized)))
+
+
+def encode(model, texts: list[str], args) -> np.ndarray:
+    """The embeddings, batch by batch, with a progress bar when there are several batches."""
+    n, bs = len(texts), args.batch_size
+    chunks = range(0, n, bs)
+    shown = args.progress if args.progress is not None else (None if len(chunks) > 1 else False)
+    progress = bar(n, "embed", "text", shown)
+    parts = []
+    try:
+        for s in chunks:
+            part = texts[s : s + bs]
+            parts.append(model.encode(part, batch_size=bs, normalize_embeddings=args.normalize))
+            progress.update(len(part))
+    finally:
+        progress.close()
+    return np.concatenate(parts)
 
 
 def run(args) -> int:
@@ -100,22 +145,28 @@ def run(args) -> int:
     import ember
     from ember.models.sentence import SentenceTransformer
 
-    if args.threads:
-        ember.set_num_threads(args.threads)
     texts = read_texts(args.texts)
     if not texts:
         raise EmberError("no texts to embed (stdin was empty)")
-    if args.batch_size < 1:
-        raise EmberError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model = SentenceTransformer(args.model)
-    emb = model.encode(texts, batch_size=args.batch_size, normalize_embeddings=args.normalize)
-    normalized = model.normalize if args.normalize is None else args.normalize
     if args.output:
-        write(args.output, texts, emb, str(model.path), bool(normalized))
-        print(f"wrote {emb.shape[0]} x {emb.shape[1]} embeddings to {args.output}", file=sys.stderr)
-    if args.summary:
-        print(summary(texts, emb, str(model.path)))
+        check_output(args.output)
+    if args.model is not None:
+        existing_dir(args.model, "--model")
+    if args.threads:
+        ember.set_num_threads(args.threads)
+    model = SentenceTransformer(args.model)
+    emb = encode(model, texts, args)
+    normalized = bool(model.normalize if args.normalize is None else args.normalize)
+    path = str(model.path)
+    if args.output:
+        write(args.output, texts, emb, path, normalized)
+        echo(f"wrote {emb.shape[0]} x {emb.shape[1]} embeddings to {args.output}", err=True)
+    if args.json:
+        echo(to_json(document(texts, emb, path, normalized)))
+    elif args.summary:
+        for line in summary(texts, emb, path).splitlines():
+            echo(line)
     elif not args.output:
         for v in emb:
-            print(" ".join(f"{x:.6g}" for x in v))
+            echo(" ".join(f"{x:.6g}" for x in v))
     return 0

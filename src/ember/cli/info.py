@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from ember.cli._text import echo, to_json
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register this command's options."""
     p.add_argument("--model", help="GGUF file or Hugging Face folder (default: the bundled model)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def describe(model) -> dict:
@@ -52,16 +55,37 @@ def run(args) -> int:
     model = AutoModelForCausalLM.from_pretrained(path)
     d = describe(model)
     cfg = model.config
-    print(f"model:        {path}")
-    print(f"architecture: {d['architecture']} ({cfg.model_type})")
-    print(
-        f"layers:       {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, heads {cfg.num_attention_heads} (kv {cfg.num_key_value_heads}), ffn {cfg.intermediate_size}"
-    )
     theta = getattr(cfg, "rope_theta", None)
+    if args.json:
+        echo(
+            to_json(
+                {
+                    "model": str(path),
+                    **d,
+                    "model_type": cfg.model_type,
+                    "layers": cfg.num_hidden_layers,
+                    "hidden_size": cfg.hidden_size,
+                    "heads": cfg.num_attention_heads,
+                    "kv_heads": cfg.num_key_value_heads,
+                    "ffn_size": cfg.intermediate_size,
+                    "vocab_size": cfg.vocab_size,
+                    "context": cfg.max_position_embeddings,
+                    "rope_theta": theta,
+                }
+            )
+        )
+        return 0
+    echo(f"model:        {path}")
+    echo(f"architecture: {d['architecture']} ({cfg.model_type})")
+    echo(
+        f"layers:       {cfg.num_hidden_layers}, hidden {cfg.hidden_size}, "
+        f"heads {cfg.num_attention_heads} (kv {cfg.num_key_value_heads}), "
+        f"ffn {cfg.intermediate_size}"
+    )
     rope = f", rope theta {theta:g}" if theta else ""
-    print(f"vocab:        {cfg.vocab_size}, context {cfg.max_position_embeddings}{rope}")
-    print(f"parameters:   {d['parameters'] / 1e6:.1f} M")
+    echo(f"vocab:        {cfg.vocab_size}, context {cfg.max_position_embeddings}{rope}")
+    echo(f"parameters:   {d['parameters'] / 1e6:.1f} M")
     for k in sorted(d["by_type"]):
-        print(f"  {k:8s} {d['by_type'][k] / 1e6:8.2f} M params  {d['bytes'][k] / 2**20:8.1f} MiB")
-    print(f"weights:      {sum(d['bytes'].values()) / 2**20:.1f} MiB (memory-mapped)")
+        echo(f"  {k:8s} {d['by_type'][k] / 1e6:8.2f} M params  {d['bytes'][k] / 2**20:8.1f} MiB")
+    echo(f"weights:      {sum(d['bytes'].values()) / 2**20:.1f} MiB (memory-mapped)")
     return 0

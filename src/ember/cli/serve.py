@@ -10,8 +10,9 @@ import argparse
 import logging
 import signal
 import sys
-from pathlib import Path
 
+from ember.cli._args import existing_dir, existing_file, int_at_least
+from ember.cli._text import echo
 from ember.errors import EmberError
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -32,7 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=8000, metavar="N", help="port (default 8000)")
     p.add_argument(
-        "--threads", type=int, default=None, metavar="N", help="CPU threads (default: all cores)"
+        "--threads",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="CPU threads (default: all cores)",
     )
     p.add_argument(
         "--api-key",
@@ -107,7 +112,9 @@ def api_keys(args) -> frozenset[str]:
     keys = [k.strip() for k in args.api_key if k.strip()]
     if args.api_key_file:
         try:
-            text = Path(args.api_key_file).read_text()
+            text = existing_file(args.api_key_file, "--api-key-file").read_text()
+        except UnicodeDecodeError:
+            raise EmberError(f"--api-key-file {args.api_key_file!r} is not UTF-8 text") from None
         except OSError as e:
             raise EmberError(f"--api-key-file {args.api_key_file!r}: {e.strerror}") from e
         keys += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
@@ -143,8 +150,7 @@ def run(args) -> int:
 
     model_path = resolve(args.model)  # fails now, not on the loading thread
     if args.embedding_model:
-        if not Path(args.embedding_model).is_dir():
-            raise EmberError(f"--embedding-model {args.embedding_model!r} is not a folder")
+        existing_dir(args.embedding_model, "--embedding-model")
 
     def load_all() -> Loaded:
         model, tok = load(args)
@@ -204,6 +210,6 @@ def run(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if failed:
-        print(f"ember serve: error: the model failed to load: {failed[0]}", file=sys.stderr)
+        echo(f"ember serve: error: the model failed to load: {failed[0]}", err=True)
         return 1
     return 0
