@@ -14,6 +14,7 @@ probe text; when none does, or the tokenizer has another model, the conversion i
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from ember.errors import FormatError, UnsupportedError
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 # Text that tells split regexes apart: contractions in both cases, digit runs of several lengths,
 # whitespace runs and newlines, punctuation runs, accents, CJK, an emoji.
@@ -171,8 +174,8 @@ def gguf_tokenizer_metadata(folder: Path, vocab_size: int) -> dict[str, Any]:
             for i, t in enumerate(tokens)
         ]
         unk = model.get("unk_token")
-        for i, t in enumerate(tokens):
-            if types[i] == NORMAL and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+        for i, t in enumerate(tokens):  # byte and unknown tokens, added or not
+            if types[i] != UNUSED and _BYTE_TOKEN.fullmatch(t):
                 types[i] = BYTE
             elif t == unk:
                 types[i] = UNKNOWN
