@@ -380,6 +380,12 @@ def test_arrow_arrays_become_tensors_without_a_copy():
     assert ember.from_dlpack(ints).numpy().ctypes.data == ints.buffers()[1].address
     with pytest.raises(DTypeError, match="null"):
         ember.from_dlpack(pa.array([1.0, None]))
+    table = pa.table({"x": np.arange(4.0)})
+    col = table["x"]  # a ChunkedArray of one chunk
+    t = ember.from_dlpack(col)
+    assert t.numpy().ctypes.data == col.chunks[0].buffers()[1].address
+    with pytest.raises(DTypeError, match="combine_chunks"):
+        ember.from_dlpack(pa.chunked_array([[1.0], [2.0]]))
 
 
 def test_polars_columns_become_tensors_without_a_copy():
@@ -393,3 +399,5 @@ def test_polars_columns_become_tensors_without_a_copy():
         for t in (via_arrow, via_numpy):
             assert t.dtype is dtype and t.tolist() == col.to_list()
             assert t.numpy().ctypes.data == address  # polars' own buffer
+    with pytest.raises(DTypeError, match="to_arrow"):
+        ember.from_dlpack(df["x"])

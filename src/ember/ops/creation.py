@@ -41,15 +41,25 @@ def from_numpy(array: np.ndarray) -> Tensor:
 def from_dlpack(ext_tensor: object) -> Tensor:
     """A tensor sharing memory with any object that speaks DLPack (torch, pyarrow, jax, numpy).
 
-    The exporter must hold CPU memory of a dtype ember has; Polars columns export through
+    The exporter must hold CPU memory of a dtype ember has. A pyarrow ChunkedArray (a Table's
+    column) of one chunk is read as that chunk; Polars columns export through
     ``series.to_arrow()`` (or use ``from_numpy(series.to_numpy())``). Zero-copy both ways.
     """
     if isinstance(ext_tensor, Tensor):
         return ext_tensor
+    chunks = getattr(ext_tensor, "chunks", None)  # a pyarrow ChunkedArray (a Table's column)
+    if not hasattr(ext_tensor, "__dlpack__") and isinstance(chunks, list):
+        if len(chunks) != 1:
+            raise DTypeError(
+                f"from_dlpack: a chunked array of {len(chunks)} chunks is not one buffer; "
+                "call combine_chunks() first (that copies)"
+            )
+        ext_tensor = chunks[0]
     if not hasattr(ext_tensor, "__dlpack__"):
         raise DTypeError(
             f"from_dlpack expects an object with __dlpack__ (a torch tensor, a pyarrow array, "
-            f"a numpy array, ...), got {type(ext_tensor).__name__}"
+            f"a numpy array, ...), got {type(ext_tensor).__name__} (a Polars Series: pass "
+            "series.to_arrow())"
         )
     if hasattr(ext_tensor, "__dlpack_device__"):
         kind, _ = ext_tensor.__dlpack_device__()
