@@ -309,3 +309,121 @@ def test_vit_config_sizes_are_checked_against_the_checkpoint(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **bad}))
         with pytest.raises(FormatError, match="patch_size|multiple|positive integer"):
             ViTForImageClassification.from_pretrained(tmp_path)
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+@pytest.mark.parametrize("count", [10**9, 10**5])
+def test_gguf_block_count_is_checked_before_building(tmp_path, count):
+    from ember.models.auto import AutoModelForCausalLM, config_from_gguf
+
+    from .test_strict import write_llama
+
+    path = write_llama(tmp_path, **{"llama.block_count": count})
+    assert path.stat().st_size < 16 * 1024
+    match = rf"block_count is {count} but the file holds only 12 tensors"
+    fails_fast(lambda: AutoModelForCausalLM.from_pretrained(path), match)  # took 35-40 s
+    from ember.io import open_gguf
+
+    f = open_gguf(path)
+    with pytest.raises(FormatError, match=match):  # what `ember convert` reads the config with
+        config_from_gguf(f.metadata, f.tensors)
+
+
+def test_gguf_huge_zero_size_shape_is_a_format_error(tmp_path):
+    from ember.io import open_gguf
+
+    from .test_gguf import build, tinfo
+
+    path = tmp_path / "z.gguf"
+    path.write_bytes(build(tis=[tinfo("t", (2**61, 0))]))  # torch-order (0, 2**61) float32
+    with pytest.raises(FormatError, match="too large for any array"):  # a raw ValueError before
+        open_gguf(path)
+    path.write_bytes(build(tis=[tinfo("t", (2**61 - 1, 0))]))
+    assert open_gguf(path).tensors["t"].data.shape == (0, 2**61 - 1)
+
+
+# --------------------------------------------------------------------------- CTranslate2
+
+
+def ct2_str(s: str) -> bytes:
+    b = s.encode() + b"\0"
+    return struct.pack("<H", len(b)) + b
+
+
+def ct2_file(variables: dict, aliases: dict | None = None) -> bytes:
+    """A CTranslate2 model.bin (binary version 6) of (dtype id, dims, raw bytes) variables."""
+    out = [struct.pack("<I", 6), ct2_str("WhisperSpec"), struct.pack("<II", 1, len(variables))]
+    for name, (type_id, dims, raw) in variables.items():
+        out += [ct2_str(name), struct.pack("<B", len(dims))]
+        out += [struct.pack("<I", d) for d in dims]
+        out += [struct.pack("<BI", type_id, len(raw)), raw]
+    out.append(struct.pack("<I", len(aliases or {})))
+    for a, t in (aliases or {}).items():
+        out += [ct2_str(a), ct2_str(t)]
+    return b"".join(out)
+
+
+def f32(*dims):
+    return (0, dims, bytes(4 * int(np.prod(dims))))
+
+
+def tiny_whisper(**extra) -> dict:
+    v = {
+        "decoder/embeddings/weight": f32(4, 4),
+        "encoder/conv1/weight": f32(4, 2, 3),
+        "encoder/layer_0/ffn/linear_0/weight": f32(8, 4),
+        "decoder/layer_0/ffn/linear_0/weight": f32(8, 4),
+        "encoder/position_encodings/encodings": f32(6, 4),
+        "decoder/position_encodings/encodings": f32(6, 4),
+        "encoder/num_heads": (3, (), struct.pack("<i", 2)),
+        "decoder/num_heads": (3, (), struct.pack("<i", 2)),
+    }
+    v.update(extra)
+    return v
+
+
+def test_ct2_layer_count_is_linear_and_checked_against_the_file():
+    from ember.models.whisper.ct2 import parse_ct2, whisper_config_from_ct2
+
+    n = 20_000  # ~700 KB of empty variables: the scan was quadratic (645 KiB -> 8 s)
+    empty = {f"encoder/layer_{i}/x": (0, (0,), b"") for i in range(1, n)}
+    raw = ct2_file(tiny_whisper(**empty))
+    assert len(raw) < 1_000_000
+    model = parse_ct2(raw)
+    fails_fast(
+        lambda: whisper_config_from_ct2(model),
+        rf"imply a Whisper model of \d+ weights \({n} encoder and 1 decoder layers",
+    )
+
+
+def test_ct2_alias_chains_resolve_in_one_pass():
+    from ember.models.whisper.ct2 import parse_ct2
+
+    n = 20_000  # each alias's chain was walked from scratch: n**2 / 2 steps
+    aliases = {f"a{i}": f"a{i + 1}" for i in range(n)}
+    aliases[f"a{n}"] = "v"
+    t = time.perf_counter()
+    model = parse_ct2(ct2_file({"v": f32(2)}, aliases))
+    assert time.perf_counter() - t < 5
+    assert model.resolve("a0") == "v" and model.resolve(f"a{n // 2}") == "v"
+    assert "a0" in model and model["a0"].shape == (2,)
+    with pytest.raises(FormatError, match="names no stored variable"):
+        parse_ct2(ct2_file({"v": f32(2)}, {"x": "y", "y": "x"}))
+
+
+def test_ct2_hostile_shapes_are_format_errors():
+    from ember.models.whisper.ct2 import parse_ct2, whisper_config_from_ct2
+
+    with pytest.raises(FormatError, match="too large for any array"):  # a raw ValueError before
+        parse_ct2(ct2_file({"v": (0, (2**32 - 1, 2**32 - 1, 0), b"")}))
+    bad_heads = tiny_whisper(**{"encoder/num_heads": (3, (2,), bytes(8))})
+    with pytest.raises(FormatError, match="should hold one number"):
+        whisper_config_from_ct2(parse_ct2(ct2_file(bad_heads)))
+    zero_width = tiny_whisper(**{"decoder/embeddings/weight": (0, (2**20, 0), b"")})
+    with pytest.raises(FormatError, match="should have 2 non-zero dimensions"):
+        whisper_config_from_ct2(parse_ct2(ct2_file(zero_width)))
+    odd_heads = tiny_whisper(**{"decoder/num_heads": (3, (), struct.pack("<i", 3))})
+    with pytest.raises(FormatError, match="num_heads 3 does not divide d_model 4"):
+        whisper_config_from_ct2(parse_ct2(ct2_file(odd_heads)))

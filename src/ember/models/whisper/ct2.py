@@ -232,16 +232,15 @@ def _resolve_aliases(path: str, variables: dict, aliases: dict[str, str]) -> dic
     """Every alias's stored variable, in one pass over the chains (each link followed once)."""
     out: dict[str, str] = {}
     for alias in aliases:
-        chain, name = [], alias
+        chain: dict[str, None] = {}  # ordered, with O(1) membership
+        name = alias
         while name not in variables and name not in out:
             if name not in aliases or name in chain:
                 raise FormatError(
                     f"{path}: alias {alias!r:.200} -> {aliases[alias]!r:.200} names no stored "
                     "variable"
                 )
-            chain.append(name)
-            if len(chain) > len(aliases):  # cannot happen without a cycle; belt and braces
-                break
+            chain[name] = None
             name = aliases[name]
         target = name if name in variables else out[name]
         for link in chain:
