@@ -98,8 +98,8 @@ class StepRunner:
     """
 
     # decode rows per forward: up to 8 rows every quantized kernel computes each row as it would
-    # alone (Q4_0/Q4_1's int8 kernels up to 16, the others one matrix-vector pass per row up to
-    # kernels.cpu.quant SMALL_M = 8), so a row's numbers are those of a batch of one
+    # alone (Q4_0/Q4_1/Q8_0's _idot kernels up to 16, the others one matrix-vector pass per row
+    # up to kernels.cpu.quant SMALL_M = 8), so a row's numbers are those of a batch of one
     MAX_BATCH = 8
 
     def __init__(self, model: Any, slots: int = 8, initial_capacity: int = 512) -> None:

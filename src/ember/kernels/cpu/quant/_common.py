@@ -7,9 +7,11 @@ to :class:`QuantKernels`, which compiles them on first use and runs them:
 * ``dq(w, lut, unit, r0, r1, out)``: rows ``[r0, r1)`` of W into a float32 tile, which BLAS
   multiplies for a prefill (M > SMALL_M).
 
-A small batch (1 < M <= SMALL_M) runs ``mv`` once per row of x: each a bandwidth-bound pass
-over the packed weight. (A body that decodes each block once for all M rows was 2-8x slower
-in numba: with a local decoded block and local sums LLVM kept the loops scalar.)
+Up to ``_idot.MAX_M`` rows of x, Q4_0/Q4_1 (int8 x) and Q8_0 (float x, "Q8_0F") run the LLVM
+IR kernels of ``_idot``: one pass over the weight for all rows. The other formats' small
+batches (1 < M <= SMALL_M) run ``mv`` once per row of x: each a bandwidth-bound pass over the
+packed weight. (A numba body that decodes each block once for all M rows was 2-8x slower: with
+a local decoded block and local sums LLVM kept the loops scalar.)
 
 ``w`` is always the (rows, blocks per row, bytes per block) uint8 view of the packed bytes
 (never a copy, never the whole matrix decoded). The loops over rows run in ``prange`` over
@@ -300,7 +302,7 @@ class QuantKernels:
     # ---------------------------------------------------------------- unchecked runners
     def run_matvec(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The matrix-vector kernel on checked operands (x float32, contiguous, length K)."""
-        if self.int_dot():
+        if self.small_kernel():
             return self._int_product(w3, x.reshape(1, -1))[0]
         y = np.empty(w3.shape[0], F32)
         self._schedule(self._mv, w3, x.reshape(w3.shape[1], -1), y)
@@ -310,17 +312,26 @@ class QuantKernels:
         """Whether products of up to ``_idot.MAX_M`` rows run the integer kernels here."""
         return self.qtype in INT_DOT_FORMATS and _idot.available()
 
+    def small_kernel(self) -> str | None:
+        """The ``_idot`` kernel for products of up to ``_idot.MAX_M`` rows here, if any: the
+        integer one, or Q8_0's float-x one ("Q8_0F")."""
+        if self.int_dot():
+            return self.qtype
+        if self.qtype == "Q8_0" and _idot.state() is not None:
+            return "Q8_0F"
+        return None
+
     def _int_product(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """``x @ W.T`` by the integer kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
+        """``x @ W.T`` by the ``_idot`` kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
         y = np.empty((x.shape[0], w3.shape[0]), F32)
-        fn, args = _idot.driver_args(self.qtype, w3, x, y)
+        fn, args = _idot.driver_args(self.small_kernel(), w3, x, y)
         _run_chunks(fn, args, w3.shape[0], w3.nbytes)
         return y
 
     def run_matmul_t(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` on checked operands (x float32 (M, K), C-contiguous, M >= 1)."""
         m = x.shape[0]
-        if m <= _idot.MAX_M and self.int_dot():
+        if m <= _idot.MAX_M and self.small_kernel():
             return self._int_product(w3, x)
         if m == 1:
             return self.run_matvec(w3, x[0]).reshape(1, -1)
@@ -375,7 +386,7 @@ class QuantKernels:
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
-        if x.size <= _idot.MAX_M * k and self.int_dot():  # decode, small batches: int8 x
+        if x.size <= _idot.MAX_M * k and self.small_kernel():  # decode, small batches
             x2 = x.reshape(-1, k)
             if x2.dtype != F32 or not x2.flags.c_contiguous:
                 x2 = np.ascontiguousarray(x2, dtype=F32)

@@ -32,6 +32,12 @@ The loops over weight rows are LLVM IR (``_kernel_ir``, one function per format 
 rows g = 1..G_MAX), compiled with ``gemm.jit_ir`` and called by a numba driver (``_driver_py``)
 that quantizes x and hands out chunks of weight rows over numba's threads; with more than G_MAX
 rows of x it sweeps a chunk in sub-blocks that stay in L1 while each group of rows reads them.
+``Q8_0F`` is the same loop for Q8_0 weights and float32 x (no quantization of x): each block
+decodes to ``d_w * q_w`` (exact in float32) and four FMAs add its products with x into eight
+lanes per (weight row, x row), in an order that does not depend on M. It is Q8_0's product for
+1..16 rows of float x: one pass over the weight for all rows (per-row matrix-vector passes
+read a large head M times), batch-invariant as above.
+
 Where AVX2 is missing, llvmlite/numba are absent, ``EMBER_SGEMM_ISA=none`` or
 ``EMBER_QUANT_DOT=float``, the float kernels of the format modules run instead.
 """
@@ -49,23 +55,31 @@ G_MAX = 4  # x rows one kernel call carries (an accumulator each, in registers)
 MAX_M = 16  # up to this many rows of x, linear_q runs the integer kernels
 SUB_BYTES = 1 << 14  # with more than G_MAX rows, a chunk is swept in sub-blocks of this size
 PREFETCH = 768  # bytes ahead of the current block that each block step prefetches
+PREFETCH_F8 = 6144  # the same for Q8_0F, whose blocks take longer to stream than to compute
 
 # qtype -> (format id, bytes per block, offset of the quants, kind); kind: "s8" signed bytes,
 # "s4" nibbles minus 8, "u4" nibbles with a min (fp16 at byte 2)
 SPECS = {"Q8_0": (0, 34, 2, "s8"), "Q4_0": (1, 18, 2, "s4"), "Q4_1": (2, 20, 4, "u4")}
+# Q8_0 weights times float32 x ("f8": no quantization of x), format id 3; see float_args
+FLOAT_SPEC = (3, 34, 2, "f8")
+KERNELS = (*SPECS, "Q8_0F")  # format-major, in format id order
 _STATE: dict = {}
 
 
 # ------------------------------------------------------------------ LLVM IR
-def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: str) -> list[str]:
+def _rows_ir(
+    qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: str, lanes: int = 8
+) -> list[str]:
     """The loop over weight rows taken nr (1 or 2) at a time, labels suffixed t.
 
     Enters at label ``{t}row`` with ``%{t}n0`` (the first row) from block ``start``; loops while
     ``n + nr <= %{t}end`` and leaves to ``nxt``. Each (weight row, x row) pair has its own
     accumulators and the same float operations whether its weight row is paired or not.
     """
-    _, bs, qoff, kind = SPECS[qtype]
+    _, bs, qoff, kind = SPECS.get(qtype, FLOAT_SPEC)
     v8f, b32 = "<8 x float>", "<32 x i8>"
+    L = lanes if kind == "f8" else 8  # float lanes per accumulator
+    va = f"<{L} x float>"
     splat = lambda ty, n, v: "<" + ", ".join([f"{ty} {v}"] * n) + ">"  # noqa: E731
     pairs = [(i, r) for i in range(nr) for r in range(g)]
     s = [f"{t}row:", f"  %{t}n = phi i64 [%{t}n0, %{start}], [%{t}n1, %{t}rowend]"]
@@ -74,14 +88,16 @@ def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: s
         s += [f"  %{t}wr{i} = getelementptr i8, ptr %w, i64 %{t}wo{i}"]
     s += [f"  br label %{t}blk", f"{t}blk:", f"  %{t}b = phi i64 [0, %{t}row], [%{t}b1, %{t}blk]"]
     for i, r in pairs:
-        s += [f"  %{t}a{i}_{r} = phi {v8f} [zeroinitializer, %{t}row], [%{t}an{i}_{r}, %{t}blk]"]
+        s += [f"  %{t}a{i}_{r} = phi {va} [zeroinitializer, %{t}row], [%{t}an{i}_{r}, %{t}blk]"]
         if kind == "u4":
             s += [f"  %{t}s{i}_{r} = phi float [0.0, %{t}row], [%{t}sn{i}_{r}, %{t}blk]"]
-    s += [f"  %{t}bo = mul i64 %{t}b, {bs}", f"  %{t}xo = shl i64 %{t}b, 5"]
+    xshift = 7 if kind == "f8" else 5  # bytes of x per block: 32 floats or 32 int8
+    s += [f"  %{t}bo = mul i64 %{t}b, {bs}", f"  %{t}xo = shl i64 %{t}b, {xshift}"]
     for i in range(nr):  # decode weight block b of row i once, for all g rows of x
         u = f"{t}{i}"
         s += [f"  %wb{u} = getelementptr i8, ptr %{t}wr{i}, i64 %{t}bo"]
-        s += [f"  %pf{u} = getelementptr i8, ptr %wb{u}, i64 {PREFETCH}"]
+        pf = PREFETCH_F8 if kind == "f8" else PREFETCH
+        s += [f"  %pf{u} = getelementptr i8, ptr %wb{u}, i64 {pf}"]
         s += [f"  call void @llvm.prefetch.p0(ptr %pf{u}, i32 0, i32 3, i32 1)"]
         s += [
             f"  %dh{u} = load half, ptr %wb{u}, align 1",
@@ -92,7 +108,21 @@ def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: s
             s += [f"  %mh{u} = load half, ptr %mp{u}, align 1"]
             s += [f"  %mw{u} = fpext half %mh{u} to float"]
         s += [f"  %qp{u} = getelementptr i8, ptr %wb{u}, i64 {qoff}"]
-        if kind == "s8":
+        if kind == "f8":  # d * q is exact in float32 (11 + 8 significant bits)
+            v32 = "<32 x float>"
+            s += [f"  %q{u} = load {b32}, ptr %qp{u}, align 1"]
+            s += [f"  %qf{u} = sitofp {b32} %q{u} to {v32}"]
+            s += [f"  %di{u} = insertelement {v32} poison, float %dw{u}, i32 0"]
+            s += [
+                f"  %dv{u} = shufflevector {v32} %di{u}, {v32} poison, <32 x i32> zeroinitializer"
+            ]
+            s += [f"  %wf{u} = fmul {v32} %qf{u}, %dv{u}"]
+            for c in range(32 // L):
+                ix = ", ".join(f"i32 {L * c + j}" for j in range(L))
+                s += [
+                    f"  %wc{u}_{c} = shufflevector {v32} %wf{u}, {v32} poison, <{L} x i32> <{ix}>"
+                ]
+        elif kind == "s8":
             s += [f"  %q{u} = load {b32}, ptr %qp{u}, align 1"]
         else:
             iota = ", ".join(f"i32 {j}" for j in range(32))
@@ -103,10 +133,15 @@ def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: s
             s += [f"  {q} = shufflevector <16 x i8> %lo{u}, <16 x i8> %hi{u}, <32 x i32> <{iota}>"]
             if kind == "s4":
                 s += [f"  %q{u} = sub {b32} %q0{u}, {splat('i8', 32, 8)}"]
-        if kind != "u4":
+        if kind in ("s8", "s4"):
             s += [f"  %ax{u} = call {b32} @llvm.abs.v32i8({b32} %q{u}, i1 false)"]
-    for r in range(g):  # x row r's block b: int8 values, scale (and d * sum(q))
+    for r in range(g):  # x row r's block b: int8 values, scale (and d * sum(q)), or floats
         s += [f"  %yp{t}{r} = getelementptr i8, ptr %xq{r}, i64 %{t}xo"]
+        if kind == "f8":
+            for c in range(32 // L):
+                s += [f"  %yc{t}{r}_{c} = getelementptr i8, ptr %yp{t}{r}, i64 {4 * L * c}"]
+                s += [f"  %yv{t}{r}_{c} = load {va}, ptr %yc{t}{r}_{c}, align 4"]
+            continue
         s += [f"  %yv{t}{r} = load {b32}, ptr %yp{t}{r}, align 1"]
         s += [f"  %dxp{t}{r} = getelementptr float, ptr %xd{r}, i64 %{t}b"]
         s += [f"  %dx{t}{r} = load float, ptr %dxp{t}{r}, align 4"]
@@ -115,6 +150,14 @@ def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: s
             s += [f"  %sx{t}{r} = load float, ptr %sxp{t}{r}, align 4"]
     for i, r in pairs:
         u, x = f"{t}{i}_{r}", f"{t}{r}"
+        if kind == "f8":  # 32 / L FMAs per block into the pair's L lanes, in a fixed order
+            acc, last = f"%{t}a{i}_{r}", 32 // L - 1
+            for c in range(last + 1):
+                dst = f"%{t}an{i}_{r}" if c == last else f"%fa{u}_{c}"
+                s += [f"  {dst} = call {va} @llvm.fma.v{L}f32({va} %wc{t}{i}_{c},"
+                      f" {va} %yv{x}_{c}, {va} {acc})"]  # fmt: skip
+                acc = dst
+            continue
         if kind == "u4":
             a, b = f"%q{t}{i}", f"%yv{x}"
         else:
@@ -150,21 +193,24 @@ def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: s
             ]
     s += [f"  %{t}b1 = add i64 %{t}b, 1", f"  %{t}bc = icmp ult i64 %{t}b1, %nb"]
     s += [f"  br i1 %{t}bc, label %{t}blk, label %{t}rowend", f"{t}rowend:"]
-    lanes = lambda *ix: ", ".join(f"i32 {j}" for j in ix)  # noqa: E731
-    for i, r in pairs:  # the eight lanes summed by a fixed tree
+    idx = lambda *ix: ", ".join(f"i32 {j}" for j in ix)  # noqa: E731
+    for i, r in pairs:  # the lanes summed by a fixed tree
         u, acc = f"{t}{i}_{r}", f"%{t}an{i}_{r}"
-        s += [
-            f"  %ha{u} = shufflevector {v8f} {acc}, {v8f} poison, <4 x i32> <{lanes(0, 1, 2, 3)}>"
-        ]
-        s += [
-            f"  %hb{u} = shufflevector {v8f} {acc}, {v8f} poison, <4 x i32> <{lanes(4, 5, 6, 7)}>"
-        ]
+        if L == 16:
+            s += [f"  %h0{u} = shufflevector {va} {acc}, {va} poison, <8 x i32> <{idx(*range(8))}>"]
+            s += [
+                f"  %h1{u} = shufflevector {va} {acc}, {va} poison, <8 x i32> <{idx(*range(8, 16))}>"
+            ]
+            s += [f"  %h2{u} = fadd {v8f} %h0{u}, %h1{u}"]
+            acc = f"%h2{u}"
+        s += [f"  %ha{u} = shufflevector {v8f} {acc}, {v8f} poison, <4 x i32> <{idx(0, 1, 2, 3)}>"]
+        s += [f"  %hb{u} = shufflevector {v8f} {acc}, {v8f} poison, <4 x i32> <{idx(4, 5, 6, 7)}>"]
         s += [f"  %hc{u} = fadd <4 x float> %ha{u}, %hb{u}"]
         s += [
-            f"  %hd{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{lanes(0, 1)}>"
+            f"  %hd{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{idx(0, 1)}>"
         ]
         s += [
-            f"  %he{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{lanes(2, 3)}>"
+            f"  %he{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{idx(2, 3)}>"
         ]
         s += [f"  %hf{u} = fadd <2 x float> %hd{u}, %he{u}"]
         s += [f"  %hg{u} = extractelement <2 x float> %hf{u}, i32 0"]
@@ -184,7 +230,7 @@ def _rows_ir(qtype: str, g: int, vnni: bool, nr: int, t: str, start: str, nxt: s
     return s
 
 
-def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
+def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8) -> str:
     """y[r, n] for weight rows n in [r0, r1) and x rows r < g of one format (see module doc).
 
     Two weight rows at a time (two independent FMA chains per x row, each x block loaded once
@@ -215,10 +261,10 @@ def _kernel_ir(qtype: str, g: int, vnni: bool = False) -> str:
     s += ["  %len = sub i64 %r1, %r0", "  %odd = and i64 %len, 1", "  %Pend = sub i64 %r1, %odd"]
     s += ["  %Pn0 = add i64 %r0, 0", "  %Pany = icmp ult i64 %r0, %Pend"]
     s += ["  br i1 %Pany, label %Prow, label %tail"]
-    s += _rows_ir(qtype, g, vnni, 2, "P", "entry", "tail")
+    s += _rows_ir(qtype, g, vnni, 2, "P", "entry", "tail", lanes)
     s += ["tail:", "  %Send = add i64 %r1, 0", "  %Sn0 = add i64 %Pend, 0"]
     s += ["  %Sany = icmp ult i64 %Pend, %r1", "  br i1 %Sany, label %Srow, label %done"]
-    s += _rows_ir(qtype, g, vnni, 1, "S", "tail", "done")
+    s += _rows_ir(qtype, g, vnni, 1, "S", "tail", "done", lanes)
     s += ["done:", "  ret void", "}"]
     return "\n".join(s)
 
@@ -238,9 +284,9 @@ def _declarations(vnni: bool) -> list[str]:
     return d
 
 
-def module_ir(vnni: bool = False) -> list[str]:
+def module_ir(vnni: bool = False, lanes: int = 8) -> list[str]:
     """Every kernel (three formats x 1..G_MAX rows) with the declarations they need."""
-    fns = [_kernel_ir(q, g, vnni) for q in SPECS for g in range(1, G_MAX + 1)]
+    fns = [_kernel_ir(q, g, vnni, lanes) for q in KERNELS for g in range(1, G_MAX + 1)]
     return _declarations(vnni) + fns
 
 
@@ -257,12 +303,12 @@ def _has_vnni(features: dict, isa: str) -> bool:
 prange = range  # numba.prange, bound by _build
 _call = None  # _call_py compiled
 _quantize = None  # quantize_rows_py compiled
-_e = [None] * (3 * G_MAX)  # the kernels (ExternalFunction), format-major
-(_e0, _e1, _e2, _e3, _e4, _e5, _e6, _e7, _e8, _e9, _e10, _e11) = _e
+_e = [None] * (len(KERNELS) * G_MAX)  # the kernels (ExternalFunction), format-major
+(_e0, _e1, _e2, _e3, _e4, _e5, _e6, _e7, _e8, _e9, _e10, _e11, _e12, _e13, _e14, _e15) = _e
 
 
 def _call_py(f, g, a):  # pragma: no cover - compiled
-    """The kernel of format f (0 Q8_0, 1 Q4_0, 2 Q4_1) for g rows of x (1..4)."""
+    """The kernel of format f (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q8_0 x float) for g rows of x (1..4)."""
     i = 4 * f + g - 1
     if i == 0:
         _e0(*a)
@@ -286,8 +332,16 @@ def _call_py(f, g, a):  # pragma: no cover - compiled
         _e9(*a)
     elif i == 10:
         _e10(*a)
-    else:
+    elif i == 11:
         _e11(*a)
+    elif i == 12:
+        _e12(*a)
+    elif i == 13:
+        _e13(*a)
+    elif i == 14:
+        _e14(*a)
+    else:
+        _e15(*a)
 
 
 def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
@@ -335,10 +389,12 @@ def _driver_py(f, w, x, y, xq, xd, xs, chunk):  # pragma: no cover - compiled
     """
     m, k = x.shape
     n, nb, bs = w.shape
-    _quantize(x, xq, xd, xs)
+    xb = 4 * k if f == 3 else k  # bytes per row of what the kernels read: x, or its int8 blocks
+    if f != 3:
+        _quantize(x, xq, xd, xs)
     wa, qa, da, sa, ya = (
         w.ctypes.data,
-        xq.ctypes.data,
+        x.ctypes.data if f == 3 else xq.ctypes.data,
         xd.ctypes.data,
         xs.ctypes.data,
         y.ctypes.data,
@@ -352,7 +408,7 @@ def _driver_py(f, w, x, y, xq, xd, xs, chunk):  # pragma: no cover - compiled
             for m0 in range(0, m, G_MAX):
                 g = min(G_MAX, m - m0)
                 o = m0 * nb * 4
-                a = (wa, rowb, nb, s0, s1, qa + m0 * k, k, da + o, sa + o, nb, ya + m0 * n * 4, n)
+                a = (wa, rowb, nb, s0, s1, qa + m0 * xb, xb, da + o, sa + o, nb, ya + m0 * n * 4, n)
                 _call(f, g, a)
 
 
@@ -365,7 +421,7 @@ def _build(nb, vnni: bool):
     i64 = types.int64
     sig = types.void(*([i64] * 12))
     suffix = "_vnni" if vnni else ""
-    for f, q in enumerate(SPECS):
+    for f, q in enumerate(KERNELS):
         for r in range(1, G_MAX + 1):
             name = f"ember_qdot_{q.lower()}_{r}{suffix}"
             g[f"_e{4 * f + r - 1}"] = types.ExternalFunction(name, sig)
@@ -398,8 +454,11 @@ def state() -> dict | None:
 
                 vnni = _has_vnni(llvm.get_host_cpu_features(), isa)
                 suffix = "_vnni" if vnni else ""
-                names = [f"ember_qdot_{q.lower()}_{r}{suffix}" for q in SPECS for r in range(1, 5)]
-                engine = G.jit_ir(module_ir(vnni), names)
+                names = [
+                    f"ember_qdot_{q.lower()}_{r}{suffix}" for q in KERNELS for r in range(1, 5)
+                ]
+                lanes = G.ISAS[isa][0]  # Q8_0F's accumulators: one vector register
+                engine = G.jit_ir(module_ir(vnni, lanes), names)
                 _STATE.update(ok=True, engine=engine, vnni=vnni, driver=_build(nb, vnni))
     return _STATE if _STATE["ok"] else None
 
@@ -414,9 +473,9 @@ def available() -> bool:
 
 def check(qtype: str, w3, x, y) -> None:
     """The kernels follow raw pointers: refuse operands that would take them out of bounds."""
-    if qtype not in SPECS:
+    if qtype not in KERNELS:
         raise DTypeError(f"qdot: no integer kernel for {qtype}")
-    bs = SPECS[qtype][1]
+    bs = SPECS.get(qtype, FLOAT_SPEC)[1]
     if not (isinstance(w3, np.ndarray) and w3.dtype == np.uint8 and w3.flags.c_contiguous):
         raise DTypeError("qdot: the weight must be C-contiguous uint8 blocks")
     if w3.ndim != 3 or w3.shape[2] != bs or w3.shape[0] < 1 or w3.shape[1] < 1:
@@ -434,10 +493,12 @@ def driver_args(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> tup
     """(driver, args): ``driver(*args, chunk)`` computes y = x @ W.T; operands checked here."""
     check(qtype, w3, x, y)
     m, k = x.shape
+    if qtype == "Q8_0F":  # the kernels read x itself: no scratch
+        m = k = 32
     xq = np.empty((m, k), np.int8)
     xd = np.empty((m, k // 32), np.float32)
     xs = np.empty((m, k // 32), np.float32)
-    return _STATE["driver"], (SPECS[qtype][0], w3, x, y, xq, xd, xs)
+    return _STATE["driver"], (SPECS.get(qtype, FLOAT_SPEC)[0], w3, x, y, xq, xd, xs)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
