@@ -158,3 +158,20 @@ def test_argument_errors_are_one_line(tmp_path, capsys):
     for argv, words in cases:
         assert words in _error_line(capsys, argv), argv
     assert not (tmp_path / "q.gguf").exists()
+
+
+def test_gguf_to_gguf_requantizes_and_keeps_the_metadata(tmp_path, capsys):
+    out = tmp_path / "q8.gguf"
+    assert main(["convert", str(SMOL), str(out), "--quantize", "q8_0"]) == 0
+    text = capsys.readouterr().out
+    src, g = open_gguf(SMOL), open_gguf(out)
+    assert {t.qtype for t in g.tensors.values()} == {"Q8_0", "F32"}
+    assert g.tensors["blk.3.ffn_up.weight"].qtype == "Q8_0"
+    assert "Q8_0 x211" in text and "1-D (norms, biases)" in text
+    ref = _dense(src.tensors["blk.3.ffn_up.weight"])
+    got = _dense(g.tensors["blk.3.ffn_up.weight"])
+    assert np.abs(got - ref).max() <= np.abs(ref).max() / 127 + 1e-6
+    assert g.metadata["general.file_type"] == 7
+    assert g.metadata["tokenizer.ggml.merges"] == src.metadata["tokenizer.ggml.merges"]
+    assert main(["convert", str(SMOL), str(tmp_path / "same.gguf")]) == 1
+    assert "give --quantize or --dtype" in capsys.readouterr().err

@@ -27,6 +27,7 @@ conversions (picked from SRC and DST):
   FOLDER | .safetensors -> .gguf         llama.cpp's names, metadata and vocabulary (a
                                          safetensors file needs config.json and tokenizer.json
                                          beside it, unless it came from a GGUF)
+  .gguf                -> .gguf          re-encoded (--quantize or --dtype), metadata kept
 
 --quantize types: """
     + QUANTIZE_HELP
@@ -177,6 +178,11 @@ def run(args) -> int:
 
         report = hf_to_gguf(src, dst, args.quantize, args.dtype)
         n = len(report.types)
+    elif s == "gguf" and d == "gguf":
+        from ember.convert.to_gguf import requantize_gguf
+
+        report = requantize_gguf(src, dst, args.quantize, args.dtype)
+        n = len(report.types)
     elif s == "gguf" and d == "safetensors":
         n = gguf_to_safetensors(src, dst, args.dtype)
     elif s == "gguf" and d == "folder":
@@ -186,7 +192,8 @@ def run(args) -> int:
     else:
         raise UnsupportedError(
             f"cannot convert {s} -> {d}; supported: torch checkpoint -> .safetensors, "
-            ".gguf -> .safetensors, .gguf -> folder, folder or .safetensors -> .gguf "
+            ".gguf -> .safetensors, .gguf -> folder, .gguf -> .gguf, folder or .safetensors -> "
+            ".gguf "
             "(see ember convert --help)"
         )
     print(f"wrote {dst} ({n} tensors)")

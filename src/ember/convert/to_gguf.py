@@ -237,14 +237,48 @@ def hf_to_gguf(
                 a = to_adjacent_pairs(a, int(c.head_dim), hf)
             tensors[name] = encode_tensor(name, a, qtype, float_type, report)
         _check_complete(set(tensors), int(c.num_hidden_layers), c.tie_word_embeddings, src)
-    file_qtype = qtype or float_type or "F32"
-    meta["general.file_type"] = _FILE_TYPE.get(file_qtype, 0)
-    types["general.file_type"] = "UINT32"
-    if file_qtype not in FLOAT_TYPES:
-        meta["general.quantization_version"] = 2
-        types["general.quantization_version"] = "UINT32"
+    _set_file_type(meta, types, qtype or float_type)
     save_gguf(dst, meta, tensors, metadata_types=types)
     return report
+
+
+def requantize_gguf(
+    src: Path, dst: Path, quantize: str | None = None, dtype: str | None = None
+) -> QuantizeReport:
+    """GGUF -> GGUF of another type (llama-quantize's job): metadata kept, tensors re-encoded."""
+    from ember.cli._progress import progress
+    from ember.io import open_gguf, save_gguf
+    from ember.quant import dequantize
+
+    qtype, float_type = parse_qtype(quantize), _float_type(dtype)
+    if qtype is None and float_type is None:
+        raise UnsupportedError("GGUF -> GGUF re-encodes the tensors: give --quantize or --dtype")
+    f = open_gguf(src)
+    report = QuantizeReport(qtype)
+    tensors: dict[str, Any] = {}
+    for name, info in progress(f.tensors.items(), len(f.tensors), "quantize", "tensor"):
+        a = (
+            dequantize(info.data, info.qtype, info.shape)
+            if info.is_quantized
+            else np.asarray(info.data)
+        )
+        tensors[name] = encode_tensor(name, a, qtype, float_type, report)
+    meta, types = dict(f.metadata), dict(f.metadata_types)
+    _set_file_type(meta, types, qtype or float_type)
+    save_gguf(dst, meta, tensors, metadata_types=types)
+    return report
+
+
+def _set_file_type(meta: dict, types: dict, qtype: str | None) -> None:
+    """general.file_type (and quantization_version) as llama.cpp writes them."""
+    qtype = qtype or "F32"
+    meta["general.file_type"] = _FILE_TYPE.get(qtype, 0)
+    types["general.file_type"] = "UINT32"
+    if qtype not in FLOAT_TYPES:
+        meta["general.quantization_version"] = 2
+        types["general.quantization_version"] = "UINT32"
+    else:
+        meta.pop("general.quantization_version", None)
 
 
 def _float_type(dtype: str | None) -> str | None:
