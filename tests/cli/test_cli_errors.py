@@ -102,6 +102,8 @@ def test_bad_sampling_options_name_the_flag(capsys, command, flags, flag):
         (["inspect", "x.gguf", "--limit", "-1"], "inspect", "--limit"),
         (["serve", "--threads", "0"], "serve", "--threads"),
         (["serve", "--port", "70000"], "serve", "--port"),
+        (["serve", "--timeout", "nan"], "serve", "--timeout"),
+        (["serve", "--shutdown-grace", "-1"], "serve", "--shutdown-grace"),
         (["list", "--bogus"], "list", "--bogus"),
         (["frobnicate"], "", "invalid choice"),
     ],

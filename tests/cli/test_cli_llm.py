@@ -172,3 +172,22 @@ def test_chat_drops_the_oldest_turns_to_fit_the_context(capsys):
     c.history = [c.history[0], {"role": "user", "content": "word " * 300}]
     with pytest.raises(Exception, match="--max-tokens 40"):
         c._fit()
+
+
+def test_ctrl_c_stops_an_answer_not_the_chat(capsys, monkeypatch, tmp_path):
+    real, calls = chat.complete, []
+
+    def interrupted_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat, "complete", interrupted_once)
+    saved = tmp_path / "c.json"
+    stdin(monkeypatch, f"Tell me a story.\nWhat is the capital of France?\n/save {saved}\n")
+    assert main(["chat", "--max-tokens", "12", "--temperature", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert "(answer stopped)" in err and "Paris" in out
+    roles = [(m["role"], m["content"][:5]) for m in json.loads(saved.read_text())["messages"]]
+    assert roles[0] == ("user", "What ") and len(roles) == 2

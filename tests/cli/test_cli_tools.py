@@ -94,6 +94,14 @@ def test_transcribe_reads_stdin_and_does_not_warn_on_speech(capsys, monkeypatch)
     assert out.strip() and "warning" not in err
 
 
+def test_transcribe_names_the_flag_the_model_refuses(capsys):
+    clip = Path(__file__).resolve().parents[1] / "models" / "whisper" / "hello.wav"
+    assert main(["transcribe", str(clip), "--language", "fr"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ember transcribe: error: --language fr: ") and "English" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_classify_reads_an_image_from_stdin(capsys, monkeypatch):
     import skimage
 

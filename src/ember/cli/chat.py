@@ -103,14 +103,19 @@ class Chat:
         except EmberError:
             self.history.pop()
             raise
-        c = complete(
-            self.model,
-            self.tok,
-            ids,
-            max_tokens,
-            self.args,
-            write=lambda s: echo(s, text=True, end=""),
-        )
+        try:
+            c = complete(
+                self.model,
+                self.tok,
+                ids,
+                max_tokens,
+                self.args,
+                write=lambda s: echo(s, text=True, end=""),
+            )
+        except KeyboardInterrupt:  # Ctrl-C stops this answer; its question is forgotten
+            self.history.pop()
+            echo()
+            raise
         echo()
         if self.args.stats:
             echo(c.stats_line(), err=True)
@@ -170,3 +175,5 @@ def run(args) -> int:
                 chat.ask(msg)
         except (EmberError, OSError) as e:  # one message failed; the conversation goes on
             echo(f"ember chat: error: {describe_error(e)}", err=True)
+        except KeyboardInterrupt:  # during an answer: stop it (Ctrl-C at the prompt quits)
+            echo("(answer stopped)", err=True)

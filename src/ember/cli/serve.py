@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 
-from ember.cli._args import existing_dir, existing_file, int_at_least
+from ember.cli._args import existing_dir, existing_file, finite_float, int_at_least
 from ember.cli._text import echo
 from ember.errors import EmberError
 
@@ -85,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=finite_float(0.0, low_open=True),
         default=None,
         metavar="S",
         help="end a generation request S seconds after it arrived (default: no limit)",
@@ -99,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=finite_float(0.0),
         default=5.0,
         metavar="S",
         help="on SIGTERM, let running streams go on for S seconds before ending them (default 5)",

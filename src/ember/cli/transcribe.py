@@ -136,6 +136,12 @@ def run(args) -> int:
             language=args.language,
             task=args.task,
         )
+    except EmberError as e:
+        given = [f"--language {args.language}"] if args.language else []
+        given += ["--task translate"] if args.task == "translate" else []
+        if given:  # the model refused what these flags asked for
+            raise type(e)(f"{' '.join(given)}: {e}") from None
+        raise
     finally:
         handle.remove()
         progress.close()
