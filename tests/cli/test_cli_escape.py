@@ -128,3 +128,19 @@ def test_every_cli_module_prints_through_echo():
         if re.search(r"\bprint\(|\.write\(|sys\.std(out|err)\.write", src.replace(".write_", "")):
             offenders.append(f.name)
     assert offenders == []
+
+
+def test_an_ascii_terminal_gets_escapes_not_an_error(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "café.safetensors"
+    save_file({"poids.é": np.zeros(1, np.float32)}, str(path), metadata={"auteur": "Hélène"})
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    r = subprocess.run([sys.executable, "-m", "ember.cli.main", "inspect", str(path)],
+                       capture_output=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"H\\xe9l\\xe8ne" in r.stdout and b"poids.\\xe9" in r.stdout

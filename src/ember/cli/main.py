@@ -83,10 +83,21 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _lenient_stdout() -> None:
+    """Characters stdout's encoding lacks (an ASCII locale) become escapes, not an error."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdout, "errors", None) == "strict":
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ember command line; returns the exit status."""
     from ember.cli._text import check_utf8, describe_error
 
+    _lenient_stdout()
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"ember {_command_of(argv) or ''}".strip()
     try:
