@@ -313,7 +313,16 @@ class QLinear(Function):
         g2 = _up(g).reshape(-1, n)
         gx = gb = None
         if self.needs_input_grad[0]:
-            if hasattr(q, "dequantize_rows"):
+            from ember.kernels import registry
+
+            kern = (
+                registry.pick("linear_q_t", "cpu", (g2,), {"qweight": q})  # g @ W, tiled
+                if type(g2) is np.ndarray
+                else None
+            )
+            if kern is not None:
+                gx = kern.fn(g2, qweight=q)
+            elif hasattr(q, "dequantize_rows"):
                 gx = np.zeros((g2.shape[0], k), _F32)
                 for r0, r1 in self._row_blocks(n, k):
                     gx += g2[:, r0:r1] @ q.dequantize_rows(r0, r1)

@@ -1,0 +1,173 @@
+"""QLoRA: adapters on quantized weights that stay QTensors; the transposed product g @ W_q."""
+
+import numpy as np
+import pytest
+
+import ember
+from ember.kernels import registry
+from ember.kernels.cpu.quant import transposed
+from ember.models import AutoModelForCausalLM
+from ember.nn import functional as F
+from ember.peft import LoraConfig, get_peft_model
+from ember.quant import QTensor
+from ember.quant.nn import QLinear
+from tests.peft.test_files import tiny  # noqa: F401  (a fixture)
+
+SHAPES = [(1, 5, 64), (3, 67, 96), (37, 130, 32), (4, 9, 256), (0, 4, 32)]
+
+
+def _weight(qtype, n, k, seed=0):
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    return QTensor.from_float(w, qtype)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_transposed_product_matches_float64(qtype, m, n, k):
+    if qtype in ("Q4_K", "Q6_K") and k % 256:
+        k = 256
+    q = _weight(qtype, n, k)
+    g = np.random.default_rng(1).standard_normal((m, n)).astype(np.float32)
+    want = g.astype(np.float64) @ q.dequantize().astype(np.float64)
+    scale = np.abs(g).sum(1, keepdims=True) * np.abs(q.dequantize()).max() + 1e-30
+    for fn in (transposed.matmul_qt_reference, transposed.matmul_qt_tiled):
+        got = fn(g, qweight=q)
+        assert got.dtype == np.float32 and got.shape == (m, k)
+        assert np.all(np.abs(got - want) <= 1e-6 * scale), fn.__name__
+    np.testing.assert_allclose(
+        transposed.matmul_qt(q, g),
+        transposed.matmul_qt_reference(g, qweight=q),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_tiles_bound_the_decoded_rows(monkeypatch):
+    q = _weight("Q8_0", 300, 64)
+    monkeypatch.setattr(transposed, "TILE_ELEMENTS", 64 * 32)  # 32 rows a tile
+    seen = []
+    fmt = transposed.FORMATS["Q8_0"]
+    real = fmt.dequantize_rows
+
+    def spy(w3, r0, r1, out=None):
+        seen.append(r1 - r0)
+        return real(w3, r0, r1, out)
+
+    monkeypatch.setattr(fmt, "dequantize_rows", spy)
+    g = np.random.default_rng(2).standard_normal((7, 300)).astype(np.float32)
+    np.testing.assert_allclose(
+        transposed.matmul_qt_tiled(g, qweight=q), g @ q.dequantize(), rtol=1e-4, atol=1e-4
+    )
+    assert max(seen) == 32 and sum(seen) == 300
+
+
+def test_the_backward_of_a_quantized_linear_runs_the_registered_kernel(monkeypatch):
+    q = _weight("Q4_1", 40, 64)
+    x = ember.randn(3, 5, 64, requires_grad=True)
+    k = registry.pick("linear_q_t", "cpu", (np.zeros((2, 40), np.float32),), {"qweight": q})
+    assert k is not None and k.name == "linear_q_t_tiled"
+    calls = []
+    real = k.fn
+    monkeypatch.setattr(
+        k, "fn", lambda g, *, qweight: calls.append(g.shape) or real(g, qweight=qweight)
+    )
+    gy = np.random.default_rng(3).standard_normal((3, 5, 40)).astype(np.float32)
+    F.linear(x, q).backward(ember.from_numpy(gy))
+    assert calls == [(15, 40)]
+    want = gy.reshape(15, 40).astype(np.float64) @ q.dequantize().astype(np.float64)
+    np.testing.assert_allclose(x.grad.numpy().reshape(15, 64), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ember.errors.ShapeError, match=r"\(M, 40\)"):
+        transposed.matmul_qt(q, np.zeros((2, 39), np.float32))
+
+
+def _no_full_decode(monkeypatch):
+    def refuse(self, *a, **k):
+        raise AssertionError(f"a whole {self.qtype} {self.shape} weight was decoded")
+
+    monkeypatch.setattr(QTensor, "dequantize", refuse)
+    monkeypatch.setattr(QTensor, "__array__", refuse)
+
+
+def test_qlora_trains_only_adapters_on_quantized_weights(tiny, monkeypatch):  # noqa: F811
+    model = AutoModelForCausalLM.from_pretrained(tiny, quantize="q8_0")
+    dense = AutoModelForCausalLM.from_pretrained(tiny)  # the same weights, dequantized
+    for name, mod in model.named_modules():
+        if isinstance(mod, QLinear):
+            lin = dense.get_submodule(name)
+            lin.weight = ember.nn.Parameter(ember.from_numpy(mod.weight.dequantize()))
+    cfg = dict(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    pm = get_peft_model(model, LoraConfig(**cfg))
+    ember.manual_seed(0)
+    pd = get_peft_model(dense, LoraConfig(**cfg))
+    twin = dict(pd.named_parameters())
+    for k, p in pm.named_parameters():
+        if p.requires_grad:
+            twin[k]._data = p._data.copy()
+    layers = [m for _, m in pm.base_model.lora_layers()]
+    assert layers and all(type(m.base_layer.weight) is QTensor for m in layers)
+    ids = ember.tensor(np.random.default_rng(4).integers(0, 128, (2, 12)))
+
+    def loss_of(m):
+        logits = m(ids)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1))
+
+    ld = loss_of(pd)
+    ld.backward()
+    _no_full_decode(monkeypatch)
+    opt = ember.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2)
+    loss = loss_of(pm)
+    loss.backward()
+    np.testing.assert_allclose(loss.item(), ld.item(), rtol=1e-5)
+    dense_grads = dict(pd.named_parameters())
+    for k, p in pm.named_parameters():
+        if p.requires_grad:
+            np.testing.assert_allclose(
+                p.grad.numpy(), dense_grads[k].grad.numpy(), rtol=1e-4, atol=1e-5
+            )
+        else:
+            assert p.grad is None, k
+    first = loss.item()
+    for _ in range(10):
+        opt.step()
+        opt.zero_grad()
+        loss = loss_of(pm)
+        loss.backward()
+    assert loss.item() < first - 0.1
+    assert all(type(m.base_layer.weight) is QTensor for m in layers)
+    assert len(opt.state) == 2 * len(layers)  # optimizer state for the adapters only
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from ember.models.hub import default_model_path
+
+    return default_model_path()
+
+
+def test_qlora_on_the_bundled_smollm2_q4_1(smollm2, tmp_path, monkeypatch):
+    from ember.peft import load_gguf_adapter, save_gguf_adapter
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2)
+    pm = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
+    q = pm.base_model.model.model.layers[3].self_attn.q_proj
+    assert type(q.base_layer.weight) is QTensor and q.base_layer.weight.qtype == "Q4_1"
+    ids = ember.tensor([[1, 422, 1789, 314, 253, 3458, 30, 2]])
+    _no_full_decode(monkeypatch)
+    opt = ember.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=5e-3)
+    for _ in range(2):
+        logits = pm(ids)
+        loss = F.cross_entropy(logits[0, :-1], ids[0, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert q.lora_B["default"].weight.grad is not None
+    assert np.abs(q.lora_B["default"].weight.detach().numpy()).max() > 0  # it moved
+    monkeypatch.undo()
+    with ember.no_grad():
+        want = pm(ids).numpy()
+    save_gguf_adapter(pm, tmp_path / "a.gguf")
+    again = load_gguf_adapter(AutoModelForCausalLM.from_pretrained(smollm2), tmp_path / "a.gguf")
+    with ember.no_grad():
+        np.testing.assert_allclose(again(ids).numpy(), want, atol=1e-4, rtol=1e-4)
