@@ -216,8 +216,9 @@ def generate(
     return [_stop_split(t, stop)[0] for t in texts]
 
 
-# transformers' GenerationConfig defaults, used by `generate_ids` where the caller passes nothing.
-_HF_MAX_LENGTH, _HF_TOP_K = 20, 50
+# transformers' defaults, used by `generate_ids` where the caller passes nothing: 20 new tokens
+# (within the context), top-k 50 when sampling.
+_HF_NEW_TOKENS, _HF_TOP_K = 20, 50
 
 
 def _ids_2d(value, name: str) -> np.ndarray:
@@ -263,7 +264,8 @@ def generate_ids(
 ) -> ember.Tensor:
     """transformers' `model.generate(input_ids, ...)`: (batch, prompt + new) int64 ids.
 
-    Greedy unless `do_sample=True` (then temperature 1, top-k 50, as transformers' defaults);
+    `max_new_tokens` (or `max_length`, prompt included) defaults to 20 new tokens. Greedy
+    unless `do_sample=True` (then temperature 1, top-k 50, as transformers' defaults);
     rows that reach an eos id are filled with `pad_token_id` (default: the config's, else the
     first eos) until every row is done. `attention_mask` (or, without one, the pad id found in
     the prompt) marks left padding. `seed` makes sampling repeatable.
@@ -289,13 +291,16 @@ def generate_ids(
         mask = np.ones_like(ids, dtype=bool)
     if pad is None:
         pad = eos[0] if eos else 0
-    if max_new_tokens is None:
-        max_new_tokens = (_HF_MAX_LENGTH if max_length is None else max_length) - width
+    if max_new_tokens is None and max_length is not None:
+        max_new_tokens = max_length - width
         if max_new_tokens < 1:
             raise ShapeError(
-                f"generate: max_length={max_length or _HF_MAX_LENGTH} leaves no room after the "
-                f"{width}-token prompt; pass max_new_tokens"
+                f"generate: max_length={max_length} leaves no room after the {width}-token "
+                "prompt; pass max_new_tokens"
             )
+    elif max_new_tokens is None:
+        limit = int(getattr(cfg, "max_position_embeddings", 1 << 30))
+        max_new_tokens = max(min(_HF_NEW_TOKENS, limit - width), 1)
     if max_new_tokens < 1:
         raise ShapeError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
     penalty = 1.0 if repetition_penalty is None else repetition_penalty

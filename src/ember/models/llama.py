@@ -508,6 +508,12 @@ class DecoderForCausalLM(nn.Module):
             return ember.from_numpy(seq)
         return ids
 
+    def generate(self, input_ids, attention_mask=None, **kwargs) -> ember.Tensor:
+        """transformers' `generate`: prompt + new ids, (batch, length); see `generate_ids`."""
+        from ember.generation.generate import generate_ids
+
+        return generate_ids(self, input_ids, attention_mask, **kwargs)
+
     def tie_weights(self) -> None:
         """Make lm_head use the token embedding matrix (dense or quantized)."""
         emb = self.embed_tokens_module()
