@@ -153,14 +153,14 @@ def test_ember_generate_runs_on_the_exported_folder(smol_hf, capsys, float_activ
     assert capsys.readouterr().out == from_gguf and from_gguf.strip()
 
 
-def _tiny_transformers_folder(path, model_type, tokenizer_from, tied, bias):
+def _tiny_transformers_folder(path, model_type, tokenizer_from, tied, bias, vocab_size=49152):
     """A random transformers model saved with save_pretrained, plus a tokenizer's files."""
     import torch
     import transformers
 
     torch.manual_seed(0)
     kwargs = dict(
-        vocab_size=49152,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,

@@ -73,3 +73,16 @@ def test_llamacpp_logits_on_a_converted_transformers_model(smol_folder_gguf, tmp
     llm.eval(PROMPT_IDS)
     got = np.array(llm.scores[: len(PROMPT_IDS)])
     np.testing.assert_allclose(got, transformers_logits(folder), atol=1e-3, rtol=1e-3)
+
+
+def test_llamacpp_tokenizes_a_converted_byte_fallback_vocabulary_as_the_tokenizer_json(tmp_path):
+    from tests.cli.test_convert_vocab import TEXTS, spm_style_folder
+
+    ref = spm_style_folder(tmp_path / "tok")
+    folder = _tiny_transformers_folder(tmp_path / "hf", "llama", tmp_path / "tok", True, False, 600)
+    out = tmp_path / "spm.gguf"
+    assert main(["convert", str(folder), str(out)]) == 0
+    assert open_gguf(out).metadata["tokenizer.ggml.model"] == "llama"
+    llm = _llama(out, vocab_only=True)
+    for text in TEXTS:
+        assert llm.tokenize(text.encode(), add_bos=True) == ref.encode(text).ids

@@ -78,7 +78,9 @@ def parse_qtype(quantize: str | None) -> str | None:
     return qt
 
 
-def encode_tensor(name: str, a: np.ndarray, qtype: str | None, float_type: str | None, report):
+def encode_tensor(
+    name: str, a: np.ndarray, qtype: str | None, float_type: str | None, report: QuantizeReport
+) -> Any:
     """One tensor as save_gguf takes it, following llama.cpp's rules on what stays float."""
     from ember.quant import block_format, quantize_array
 
