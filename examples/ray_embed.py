@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="sentence-transformers folder (default: bundled MiniLM)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=2, help="embedding actors")
-    ap.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per actor")
+    ap.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per actor and write task")
     ap.add_argument("--threads", type=int, default=1, help="ember threads per actor")
     args = ap.parse_args(argv)
 
+    import pyarrow.parquet as pq
     import ray
 
     from ember.integrations.ray import Embedder
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
         num_cpus=args.num_cpus,
     )
-    ds.write_parquet(args.out)
-    rows = ray.data.read_parquet(args.out).count()
+    ds.write_parquet(args.out, ray_remote_args={"num_cpus": args.num_cpus})
+    rows = pq.read_table(args.out, columns=["id"]).num_rows
     print(f"embedded {rows} sentences into {args.out} in {time.perf_counter() - t0:.1f} s")
     ray.shutdown()
     return 0

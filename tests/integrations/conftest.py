@@ -8,6 +8,7 @@ this cluster started (by process group, never by name) even when a test failed.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -18,9 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("ray")
-pytest.importorskip("ray.serve")
 
 BIN = Path(sys.executable).parent
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # Ray's minimum is ~75 MB
@@ -67,6 +65,13 @@ class RayCluster:
         self.env = {
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray's memory monitor counts the whole machine's memory: on a shared test machine it
+            # would kill these workers for other processes' use; the kernel's OOM killer stays
+            "RAY_memory_monitor_refresh_ms": "0",
+            # token authentication between the nodes and every driver, with a token of its own
+            # (not ~/.ray/auth_token, which a local `ray.init()` may have written)
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32),
             "TOKENIZERS_PARALLELISM": "false",
             "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
         }
@@ -120,6 +125,7 @@ class RayCluster:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A started two-node cluster, stopped at the end of the module whatever happened."""
+    pytest.importorskip("ray.serve")
     cluster = RayCluster()
     try:
         yield cluster.start()
