@@ -150,13 +150,13 @@ def _rows_ir(
             s += [f"  %sx{t}{r} = load float, ptr %sxp{t}{r}, align 4"]
     for i, r in pairs:
         u, x = f"{t}{i}_{r}", f"{t}{r}"
-        if kind == "f8":  # 32 / L FMAs per block into the pair's L lanes, in a fixed order
-            acc, last = f"%{t}a{i}_{r}", 32 // L - 1
-            for c in range(last + 1):
-                dst = f"%{t}an{i}_{r}" if c == last else f"%fa{u}_{c}"
-                s += [f"  {dst} = call {va} @llvm.fma.v{L}f32({va} %wc{t}{i}_{c},"
-                      f" {va} %yv{x}_{c}, {va} {acc})"]  # fmt: skip
-                acc = dst
+        if kind == "f8":  # the block's products in L lanes (a fixed order), then one add:
+            # the accumulator's dependency chain is one add per block, not 32 / L FMAs
+            s += [f"  %fa{u}_0 = fmul {va} %wc{t}{i}_0, %yv{x}_0"]
+            for c in range(1, 32 // L):
+                s += [f"  %fa{u}_{c} = call {va} @llvm.fma.v{L}f32({va} %wc{t}{i}_{c},"
+                      f" {va} %yv{x}_{c}, {va} %fa{u}_{c - 1})"]  # fmt: skip
+            s += [f"  %{t}an{i}_{r} = fadd {va} %{t}a{i}_{r}, %fa{u}_{32 // L - 1}"]
             continue
         if kind == "u4":
             a, b = f"%q{t}{i}", f"%yv{x}"
