@@ -241,7 +241,7 @@ def test_embedding_deployment_batches_requests(ray_cluster, llm_app, tmp_path):
     env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
     cmd = [str(Path(sys.executable).parent / "serve"), "run", "--non-blocking", "--name", "emb",
            "--route-prefix", "/emb", "ember.integrations.ray:app", f"model={folder}",
-           "num_cpus=0.25", "threads=1", f"api_keys={KEY}", "batch_wait_timeout_s=0.2"]  # fmt: skip
+           "num_cpus=0.1", "threads=1", f"api_keys={KEY}", "batch_wait_timeout_s=0.2"]  # fmt: skip
     with open(log, "wb") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=240)
     assert proc.returncode == 0, log.read_text()
@@ -266,6 +266,55 @@ def test_embedding_deployment_batches_requests(ray_cluster, llm_app, tmp_path):
     assert httpx.post(url + "/v1/embeddings", json={"input": "a"}, timeout=60).status_code == 401
 
 
+def _serve_run(ray_cluster, tmp_path, *args: str) -> None:
+    log = tmp_path / "serve-run.log"
+    env = {**ray_cluster.env, "RAY_ADDRESS": ray_cluster.address}
+    cmd = [str(Path(sys.executable).parent / "serve"), "run", "--non-blocking", *args]
+    with open(log, "wb") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=240)
+    assert proc.returncode == 0, log.read_text()
+
+
+def test_vision_deployment_batches_requests(ray_cluster, llm_app, tmp_path):
+    """`serve run ember.integrations.ray:app model=efficientnet_lite0`: POST /v1/classify."""
+    import base64
+    import io
+
+    PIL = pytest.importorskip("PIL.Image")
+    from ember.models.vision.pipeline import ImageClassifier
+
+    _serve_run(ray_cluster, tmp_path, "--name", "cls", "--route-prefix", "/cls",
+               "ember.integrations.ray:app", "model=efficientnet_lite0", "num_cpus=0.1",
+               "threads=1", f"api_keys={KEY}", "batch_wait_timeout_s=0.2")  # fmt: skip
+    rng = np.random.default_rng(1)
+    images = [PIL.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)) for _ in range(4)]
+    encoded = []
+    for im in images:
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        encoded.append(base64.b64encode(buf.getvalue()).decode())
+    h = {"Authorization": f"Bearer {KEY}"}
+    url = llm_app + "/cls/v1/classify"
+
+    def post(b64):
+        return httpx.post(url, json={"input": [b64], "top": 3}, headers=h, timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(post, encoded))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert max(int(a.headers["x-ember-batch-requests"]) for a in answers) > 1
+    ref = ImageClassifier.load()(images, top=3)
+    for a, want in zip(answers, ref):
+        got = a.json()["data"][0]["top"]
+        assert [g["index"] for g in got] == [c for c, _, _ in want]
+        assert [g["label"] for g in got] == [lab for _, lab, _ in want]
+        np.testing.assert_allclose(
+            [g["probability"] for g in got], [p for _, _, p in want], rtol=1e-5
+        )
+    bad = httpx.post(url, json={"input": ["not base64!"]}, headers=h, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
 def test_ray_data_example_writes_parquet(ray_cluster, tmp_path):
     import pyarrow.parquet as pq
 
@@ -273,7 +322,7 @@ def test_ray_data_example_writes_parquet(ray_cluster, tmp_path):
 
     out = tmp_path / "emb"
     cmd = [sys.executable, str(ROOT / "examples" / "ray_embed.py"), "--address",
-           ray_cluster.address, "--n", "1000", "--out", str(out), "--num-cpus", "0.25",
+           ray_cluster.address, "--n", "1000", "--out", str(out), "--num-cpus", "0.2",
            "--concurrency", "2", "--batch-size", "64"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=ray_cluster.env, timeout=420)
     assert r.returncode == 0, r.stdout + r.stderr
