@@ -316,7 +316,10 @@ class Tokenizer:
                 return cls.from_gguf(path)
             return cls.from_file(path)
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"no tokenizer at {path!r}: no such file or folder")
+            raise FormatError(
+                f"{path}: no such file or folder (expected a GGUF file, a tokenizer.json or a "
+                "folder with tokenizer.json)"
+            )
         if not os.path.isfile(os.path.join(path, "tokenizer.json")):
             ggufs = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
             if len(ggufs) == 1:
