@@ -141,6 +141,11 @@ def test_argument_errors_are_one_line(tmp_path, capsys):
     from ember.io import save_safetensors
 
     save_safetensors({"w": np.zeros((2, 2), np.float32)}, st)
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    save_safetensors(
+        {"w": np.zeros((2, 2), np.float32)}, stale / "model-00001-of-00002.safetensors"
+    )
     cases = [
         ([str(tmp_path / "missing.pt"), str(tmp_path / "y.safetensors")], "no such file"),
         ([str(folder), str(tmp_path / "y.gguf")], "without config.json"),
@@ -154,6 +159,7 @@ def test_argument_errors_are_one_line(tmp_path, capsys):
         ([str(st), str(tmp_path / "q.gguf"), "--quantize", "q3_x"], "q4_0, q4_1"),
         ([str(st), str(tmp_path / "q.gguf"), "--dtype", "int8"], "--dtype int8"),
         ([str(st), str(tmp_path / "q.gguf")], "no config.json"),
+        ([str(SMOL), str(stale)], "already holds other weights"),
     ]
     for argv, words in cases:
         assert words in _error_line(capsys, argv), argv
@@ -175,3 +181,9 @@ def test_gguf_to_gguf_requantizes_and_keeps_the_metadata(tmp_path, capsys):
     assert g.metadata["tokenizer.ggml.merges"] == src.metadata["tokenizer.ggml.merges"]
     assert main(["convert", str(SMOL), str(tmp_path / "same.gguf")]) == 1
     assert "give --quantize or --dtype" in capsys.readouterr().err
+    half = tmp_path / "f16.gguf"
+    assert main(["convert", str(out), str(half), "--dtype", "float16"]) == 0
+    h = open_gguf(half)
+    assert h.tensors["blk.3.ffn_up.weight"].qtype == "F16"
+    assert h.tensors["blk.3.ffn_norm.weight"].qtype == "F32"
+    assert h.metadata["general.file_type"] == 1 and "general.quantization_version" not in h.metadata

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ember.convert.layout import family_of_gguf, is_qk, to_half_split
-from ember.errors import UnsupportedError
+from ember.errors import EmberError, UnsupportedError
 
 # ember-only config keys, or ones whose default is what the family already means
 _EMBER_ONLY = ("rope_interleaved", "qk_norm")
@@ -49,6 +49,12 @@ def gguf_to_hf(src: Path, dst: Path, dtype: str | None = None) -> int:
     from ember.models.auto import gguf_to_hf_name
     from ember.quant import dequantize
 
+    stale = sorted(p.name for p in dst.glob("*.safetensors*") if p.name != "model.safetensors")
+    if stale:
+        raise EmberError(
+            f"{dst}: already holds other weights ({', '.join(stale[:3])}); "
+            "a loader would mix them in, so write to an empty folder"
+        )
     f = open_gguf(src)
     fam = family_of_gguf(f.metadata.get("general.architecture"))
     cfg = hf_config(f.metadata, set(f.tensors))
