@@ -186,6 +186,37 @@ def test_bad_input_gets_the_same_errors_through_the_proxy(llm_app, method, path,
     assert ray_r.json()["error"]["message"]
 
 
+def _running_on(url: str, replica: str, within: float = 60.0) -> int:
+    """ember_num_requests_running of one replica (asked until the router picks it)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        r = httpx.get(url + "/metrics", timeout=30)
+        if r.headers["x-ember-replica"] == replica:
+            line = next(
+                x for x in r.text.splitlines() if x.startswith("ember_num_requests_running")
+            )
+            return int(line.split()[-1])
+    raise AssertionError(f"replica {replica} never answered /metrics")
+
+
+def test_client_leaving_mid_stream_frees_the_replica_slot(llm_app):
+    body = {"model": MODEL, "messages": HI, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream(
+        "POST", llm_app + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
+        replica = r.headers["x-ember-replica"]
+        for i, _ in enumerate(r.iter_lines()):
+            if i == 4:
+                break  # hang up after a few chunks
+    # the proxy cancels the ingress, the ingress its handle call, the replica the engine request:
+    # well before the 2000 tokens could have been generated
+    deadline = time.monotonic() + 10
+    while (running := _running_on(llm_app, replica)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert running == 0
+
+
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
