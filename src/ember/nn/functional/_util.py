@@ -6,7 +6,7 @@ import numpy as np
 
 from ember import dtypes as _dt
 
-_LOW = (np.dtype(np.float16), _dt.bfloat16.np)
+_LOW = _dt.HALF_FLOATS  # float16, bfloat16 (ml_dtypes not imported until one is seen)
 _F32 = np.float32
 
 
