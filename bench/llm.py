@@ -1,12 +1,17 @@
 """LLM inference: ember vs PyTorch (transformers, float32 from the same GGUF) vs llama.cpp, one run.
 
     python bench/llm.py [--prompt-tokens 128] [--new-tokens 64] [--threads 2] [--repeat 3]
+        [--gguf FILE | --tinyllama [DIR]] [--engines ember,torch,llamacpp]
 
-The model is the bundled SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0). ember runs the quantized
-weights directly; transformers dequantizes them to float32 (it has no quantized CPU kernels);
-llama.cpp (llama-cpp-python, the `bench` extra) runs them quantized. Greedy decoding, same
-prompt ids, each engine in its own process (their OpenMP runtimes never mix); an engine that
-fails or crashes gets a row that says why.
+The model is the bundled SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0), or ``--gguf FILE``, or with
+``--tinyllama`` every file of bench/tinyllama.py (TinyLlama-1.1B's configuration, random
+weights: bf16, and Q8_0/Q4_0/Q4_K by ember's converter and by llama.cpp's quantizer; written
+into DIR the first time), one table per file. ember runs the quantized weights directly;
+transformers dequantizes them to float32 (it has no quantized CPU kernels); llama.cpp
+(llama-cpp-python, the `bench` extra) runs them quantized. Greedy decoding, same prompt ids,
+each engine in its own process (their OpenMP runtimes never mix) with its own default thread
+and OpenMP settings, as its users run it; an engine that fails or crashes gets a row that says
+why.
 
 Each engine warms up on the full prompt, then generates ``--repeat`` times; the table shows the
 best run (least disturbed by other jobs on a shared machine) and the process CPU time per
@@ -134,7 +139,7 @@ def run_llamacpp(path, ids, new, threads, repeat, safe=False):
 
 ENGINES = {"ember": run_ember, "torch": run_torch, "llamacpp": run_llamacpp}
 NAMES = {
-    "ember": "ember (Q4_1 kernels)",
+    "ember": "ember",
     "torch": "torch eager (transformers, f32)",
     "llamacpp": "llama.cpp (llama-cpp-python)",
 }
@@ -185,6 +190,18 @@ def prompt_ids(path, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
+def describe(path) -> str:
+    """The file's name, its general.name and the types of its matrices."""
+    from collections import Counter
+
+    from ember.io import open_gguf
+
+    f = open_gguf(path)
+    types = Counter(t.qtype for t in f.tensors.values() if len(t.shape) == 2)
+    mix = " + ".join(f"{q} x{n}" for q, n in types.most_common())
+    return f"{os.path.basename(path)} ({f.metadata.get('general.name', '?')}; matrices {mix})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompt-tokens", type=int, default=128)
@@ -195,11 +212,29 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true", help="print the table only")
     ap.add_argument("--llamacpp-safe", action="store_true",
                     help="llama.cpp without extra buffer types (tried by itself after a crash)")  # fmt: skip
+    ap.add_argument("--gguf", help="a GGUF file instead of the bundled model")
+    ap.add_argument("--tinyllama", nargs="?", const="/tmp/ember-tinyllama", metavar="DIR",
+                    help="every bench/tinyllama.py file (written into DIR when missing)")  # fmt: skip
     ap.add_argument("--engine", choices=list(ENGINES), help="(internal) run one engine, print JSON")
     a = ap.parse_args()
+    if a.tinyllama:
+        from pathlib import Path
+
+        from tinyllama import make_files
+
+        for f in make_files(Path(a.tinyllama), ["Q8_0", "Q4_0", "Q4_K"]):
+            bench_file(f, a)
+        return
     from ember.models.hub import default_model_path
 
-    path = default_model_path()
+    bench_file(a.gguf or default_model_path(), a)
+
+
+def bench_file(path, a) -> None:
+    """One table: every engine on one GGUF file."""
+    from pathlib import Path
+
+    path = Path(path)
     ids = prompt_ids(path, a.prompt_tokens)
     if a.engine:
         kw = {"safe": True} if a.engine == "llamacpp" and a.llamacpp_safe else {}
@@ -211,10 +246,8 @@ def main() -> None:
     for eng in a.engines.split(","):
         cmd = [sys.executable, __file__, "--engine", eng, "--prompt-tokens", str(a.prompt_tokens),
                "--new-tokens", str(a.new_tokens), "--threads", str(a.threads),
-               "--repeat", str(a.repeat)]  # fmt: skip
-        # OpenMP workers wait passively in every engine, as ember's do: spinning workers turn
-        # torch's decode on a busy 2-core machine into about 1 token/s
-        env = {**os.environ, "TQDM_DISABLE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+               "--repeat", str(a.repeat), "--gguf", str(path)]  # fmt: skip
+        env = {**os.environ, "TQDM_DISABLE": "1"}  # each engine's own OpenMP defaults
         res, why = _run(cmd + ["--llamacpp-safe"] * a.llamacpp_safe, env)
         if eng == "llamacpp" and why and why.startswith("crashed") and not a.llamacpp_safe:
             first = why
@@ -250,16 +283,20 @@ def main() -> None:
         )
     table = "\n".join(lines)
     versions = "; ".join(f"{NAMES[e]}: {r['version']}, BLAS {r['blas']}" for e, r, _ in rows if r)
+    omp = " ".join(
+        f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith(("OMP_", "GOMP_"))
+    )
     table += (
-        f"\n\nSmolLM2-135M-Instruct Q4_1 GGUF, prompt {a.prompt_tokens} tokens, "
+        f"\n\n{describe(path)}, prompt {a.prompt_tokens} tokens, "
         f"{a.new_tokens} new tokens, greedy, {a.threads} threads, best of {a.repeat} runs after "
         f"a warm-up; prefill = prompt / time to the first token. Load average {load0:.1f} at "
         f"start, {load1:.1f} at the end ({os.cpu_count()} cores). Same tokens: how many of the "
-        f"first generated tokens equal ember's.{''.join(' ' + n for n in notes)}\n\n{versions}"
+        f"first generated tokens equal ember's. Each engine's default OpenMP settings (set in "
+        f"this shell: {omp or 'none'}).{''.join(' ' + n for n in notes)}\n\n{versions}"
     )
     print(table)
     if not a.no_save:
-        append("LLM generation: SmolLM2-135M (bench/llm.py)", table)
+        append(f"LLM generation: {os.path.basename(path)} (bench/llm.py)", table)
 
 
 if __name__ == "__main__":
