@@ -171,3 +171,39 @@ def test_qlora_on_the_bundled_smollm2_q4_1(smollm2, tmp_path, monkeypatch):
     again = load_gguf_adapter(AutoModelForCausalLM.from_pretrained(smollm2), tmp_path / "a.gguf")
     with ember.no_grad():
         np.testing.assert_allclose(again(ids).numpy(), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_gradient_checkpointing_gives_the_same_gradients(tiny, dropout):  # noqa: F811
+    from ember.peft import enable_gradient_checkpointing, prepare_model_for_kbit_training
+
+    cfg = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules="all-linear",
+        lora_dropout=dropout,
+        init_lora_weights=False,
+    )
+    ids = ember.tensor(np.random.default_rng(6).integers(0, 128, (2, 12)))
+    grads = []
+    for ckpt in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny, quantize="q8_0")
+        if ckpt:
+            prepare_model_for_kbit_training(model)
+        ember.manual_seed(0)
+        pm = get_peft_model(model, cfg)
+        if ckpt:
+            enable_gradient_checkpointing(pm.get_base_model())  # twice: a no-op
+        logits = pm(ids)
+        F.cross_entropy(logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1)).backward()
+        grads.append({k: p.grad.numpy() for k, p in pm.named_parameters() if p.requires_grad})
+        if ckpt:
+            assert "forward" in pm.get_base_model().model.layers[1].__dict__
+        if ckpt and not dropout:  # the same forward (dropout would draw new masks)
+            with ember.no_grad():
+                np.testing.assert_allclose(pm(ids).numpy(), logits.detach().numpy(), atol=1e-6)
+    assert sorted(grads[0]) == sorted(grads[1])
+    for k in grads[0]:
+        np.testing.assert_allclose(
+            grads[1][k], grads[0][k], rtol=1e-4, atol=1e-6, err_msg=k
+        )  # float32

@@ -6,6 +6,7 @@ files peft reads, ``PeftModel.from_pretrained`` reads the ones peft writes, and
 ``save_gguf_adapter`` / ``load_gguf_adapter`` the LoRA GGUF files llama.cpp reads.
 """
 
+from ember.peft.checkpoint import enable_gradient_checkpointing, prepare_model_for_kbit_training
 from ember.peft.config import LoraConfig, PeftConfigError
 from ember.peft.files import get_peft_model_state_dict, set_peft_model_state_dict
 from ember.peft.gguf import load_gguf_adapter, save_gguf_adapter
@@ -19,9 +20,11 @@ __all__ = [
     "ModulesToSaveWrapper",
     "PeftConfigError",
     "PeftModel",
+    "enable_gradient_checkpointing",
     "get_peft_model",
     "get_peft_model_state_dict",
     "load_gguf_adapter",
+    "prepare_model_for_kbit_training",
     "save_gguf_adapter",
     "set_peft_model_state_dict",
 ]
