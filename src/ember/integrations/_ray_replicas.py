@@ -139,7 +139,7 @@ class _AppReplica:
 class _EmberServer(_AppReplica):
     """An LLM (and optionally an embedder) served by `ember serve`'s own app and engine."""
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve runs async constructors
         self,
         model: str | None = None,
         config: dict | None = None,
@@ -174,7 +174,7 @@ def _small_app(state: Any, routes: list) -> Any:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
     app.state.server = state
     app.add_middleware(Guard, state=state)
     return app
@@ -208,7 +208,7 @@ class _BatchingServer(_AppReplica):
 class _EmbeddingServer(_BatchingServer):
     """POST /v1/embeddings from a sentence-transformers folder; requests batched together."""
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve runs async constructors
         self,
         model: str | None = None,
         config: dict | None = None,
@@ -236,8 +236,8 @@ class _EmbeddingServer(_BatchingServer):
             [Route("/v1/embeddings", _endpoint(self._embeddings), methods=["POST"])],
         )
         self.batch_sizes: list[int] = []  # requests per batch (the tests read it)
-        self.embed_batch.set_max_batch_size(max_batch_size)
-        self.embed_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.embed_batch.set_max_batch_size(max_batch_size)  # type: ignore[attr-defined]
+        self.embed_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)  # type: ignore[attr-defined]
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
     async def embed_batch(self, requests: list[list[str]]) -> list[tuple[np.ndarray, int, int]]:
@@ -248,7 +248,7 @@ class _EmbeddingServer(_BatchingServer):
 
         def work() -> tuple[np.ndarray, np.ndarray]:
             cu = emb.tokenize(texts)[2]
-            return emb.encode(texts), np.diff(cu)
+            return np.asarray(emb.encode(texts)), np.diff(cu)
 
         vectors, lengths = await asyncio.to_thread(work)
         out, i = [], 0
@@ -291,7 +291,7 @@ class _EmbeddingServer(_BatchingServer):
 class _VisionServer(_BatchingServer):
     """POST /v1/classify: base64 images -> top-k labels; requests batched together."""
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve runs async constructors
         self,
         model: str = "efficientnet_lite0",
         weights: str | None = None,
@@ -315,8 +315,8 @@ class _VisionServer(_BatchingServer):
             name, config, 0, [Route("/v1/classify", _endpoint(self._classify), methods=["POST"])]
         )
         self.batch_sizes: list[int] = []
-        self.classify_batch.set_max_batch_size(max_batch_size)
-        self.classify_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.classify_batch.set_max_batch_size(max_batch_size)  # type: ignore[attr-defined]
+        self.classify_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)  # type: ignore[attr-defined]
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
     async def classify_batch(self, requests: list[tuple[list[Any], int]]) -> list[tuple]:
