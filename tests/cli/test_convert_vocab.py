@@ -92,3 +92,11 @@ def test_a_vocabulary_that_does_not_round_trip_is_refused(tmp_path):
     (tmp_path / "spm" / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(UnsupportedError, match="tokenizes differently"):
         gguf_tokenizer_metadata(tmp_path / "spm", 600)
+
+
+def test_token_ids_past_the_embedding_rows_are_refused(tmp_path):
+    from ember.errors import FormatError
+
+    spm_style_folder(tmp_path / "spm")
+    with pytest.raises(FormatError, match="token id 599 is outside the model's vocabulary of 500"):
+        gguf_tokenizer_metadata(tmp_path / "spm", 500)

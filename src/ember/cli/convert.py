@@ -179,7 +179,7 @@ def run(args) -> int:
         report = hf_to_gguf(src, dst, args.quantize, args.dtype)
         n = len(report.types)
     elif s == "gguf" and d == "gguf":
-        from ember.convert.to_gguf import requantize_gguf
+        from ember.convert import requantize_gguf
 
         report = requantize_gguf(src, dst, args.quantize, args.dtype)
         n = len(report.types)

@@ -6,7 +6,7 @@ llama.cpp loads (architecture metadata, llama.cpp's tensor names and q/k permuta
 vocabulary). Both refuse what they cannot write faithfully with a FormatError/UnsupportedError.
 """
 
-from ember.convert.to_gguf import QuantizeReport, hf_to_gguf
+from ember.convert.to_gguf import QuantizeReport, hf_to_gguf, requantize_gguf
 from ember.convert.to_hf import gguf_to_hf
 
-__all__ = ["QuantizeReport", "gguf_to_hf", "hf_to_gguf"]
+__all__ = ["QuantizeReport", "gguf_to_hf", "hf_to_gguf", "requantize_gguf"]

@@ -224,8 +224,16 @@ def hf_to_gguf(
                 f"have no GGUF form for {fam.gguf_arch}"
             )
         permute = fam.permuted_qk and not c.rope_interleaved  # an old ember export: rows as GGUF's
-        meta.update(gguf_tokenizer_metadata(folder, int(c.vocab_size)))
         names = list(weights.keys())
+        if "model.embed_tokens.weight" not in names:
+            raise FormatError(f"{src}: the checkpoint lacks model.embed_tokens.weight")
+        rows = np.shape(weights.get("model.embed_tokens.weight"))[0]
+        if rows != c.vocab_size:
+            raise FormatError(
+                f"{src}: model.embed_tokens.weight has {rows} rows, config.json vocab_size is "
+                f"{c.vocab_size}"
+            )
+        meta.update(gguf_tokenizer_metadata(folder, int(c.vocab_size)))
         for hf in progress(names, len(names), "convert", "tensor"):
             name = hf_to_gguf_name(hf)
             if name is None:

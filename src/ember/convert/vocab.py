@@ -153,7 +153,13 @@ def gguf_tokenizer_metadata(folder: Path, vocab_size: int) -> dict[str, Any]:
     user = {int(a["id"]) for a in added if not a.get("special")}
     for a in added:
         ids[int(a["id"])] = a["content"]
-    n = max(vocab_size, max(ids) + 1)
+    outside = sorted(i for i in ids if not 0 <= i < vocab_size)
+    if outside:
+        raise FormatError(
+            f"{path}: token id {outside[-1]} is outside the model's vocabulary of {vocab_size} "
+            "(config.json vocab_size, the embedding rows)"
+        )
+    n = vocab_size
     tokens = [ids.get(i, f"[PAD{i}]") for i in range(n)]
     types = [
         CONTROL if i in special else USER_DEFINED if i in user else NORMAL if i in ids else UNUSED
