@@ -78,7 +78,9 @@ class Graph:
             raise FormatError(f"{where}: {len(g.node)} nodes is absurd")
         self.initializers: dict[str, Tensor] = {}
         for t in g.initializer:
-            self.initializers[t.name] = to_tensor(tensor_to_numpy(t, base), f"initializer {t.name!r}")
+            self.initializers[t.name] = to_tensor(
+                tensor_to_numpy(t, base), f"initializer {t.name!r}"
+            )
         if len(g.sparse_initializer):
             raise UnsupportedError(f"{where}: sparse initializers are not supported")
         self.inputs = [v.name for v in g.input if v.name not in self.initializers]
@@ -103,7 +105,9 @@ class Graph:
         attrs = {}
         for a in n.attribute:
             if a.ref_attr_name:
-                raise FormatError(f"{where}: attribute reference {a.ref_attr_name!r} outside a function")
+                raise FormatError(
+                    f"{where}: attribute reference {a.ref_attr_name!r} outside a function"
+                )
             attrs[a.name] = _attr(a, base, self.opset, where, functions)
         at = Attrs(attrs, self.opset, len(n.output), n.op_type, n.name)
         return _Node(n.op_type, list(n.input), list(n.output), at, fn)
@@ -129,12 +133,16 @@ class Graph:
                     continue
                 if name in producer:
                     if producer[name] == i:
-                        raise FormatError(f"{self.where}: node {nd.op} reads its own output {name!r}")
+                        raise FormatError(
+                            f"{self.where}: node {nd.op} reads its own output {name!r}"
+                        )
                     d.add(producer[name])
                 elif outer:
                     self.outer_names.add(name)
                 else:
-                    raise FormatError(f"{self.where}: node {nd.op} reads {name!r}, which nothing produces")
+                    raise FormatError(
+                        f"{self.where}: node {nd.op} reads {name!r}, which nothing produces"
+                    )
             deps.append(d)
             for j in d:
                 users[j].append(i)
@@ -195,7 +203,12 @@ class Graph:
                 if name:
                     env[name] = v
             for name in nd.inputs:
-                if name and last.get(name) == i and name not in self.initializers and name not in feeds:
+                if (
+                    name
+                    and last.get(name) == i
+                    and name not in self.initializers
+                    and name not in feeds
+                ):
                     env.pop(name, None)
         return [env[o] for o in self.outputs]
 

@@ -69,10 +69,12 @@ def _opset(model, where: str) -> int:
         if o.domain in ("", "ai.onnx"):
             v = int(o.version)
     if v is None:
-        v = 1 if model.ir_version < 3 else None
+        raise FormatError(f"{where}: the model imports no default-domain opset")
     top = max_opset()
-    if v is None or not MIN_OPSET <= v <= top:
-        raise UnsupportedError(f"{where}: default-domain opset {v}; ember supports {MIN_OPSET}..{top}")
+    if not MIN_OPSET <= v <= top:
+        raise UnsupportedError(
+            f"{where}: default-domain opset {v}; ember supports {MIN_OPSET}..{top}"
+        )
     return v
 
 
@@ -113,9 +115,13 @@ class OnnxModule(Module):
         """Run the graph on named inputs; returns every output by name."""
         unknown = set(inputs) - set(self.input_names)
         if unknown:
-            raise ShapeError(f"ONNX model has no input(s) {sorted(unknown)}; inputs: {self.input_names}")
+            raise ShapeError(
+                f"ONNX model has no input(s) {sorted(unknown)}; inputs: {self.input_names}"
+            )
         feeds = {k: self._feed(k, v) for k, v in inputs.items() if v is not None}
-        missing = [n for n in self.input_names if n not in feeds and n not in self.graph.initializers]
+        missing = [
+            n for n in self.input_names if n not in feeds and n not in self.graph.initializers
+        ]
         if missing:
             raise ShapeError(f"ONNX model: missing input(s) {missing}")
         with ember.no_grad():
@@ -160,6 +166,3 @@ def load(src: str | Path | bytes) -> OnnxModule:
 def from_model_proto(model, base: str | Path | None = None) -> OnnxModule:
     """An already parsed onnx.ModelProto as an ember module (external data read from base)."""
     return OnnxModule(model, Path(base).resolve() if base is not None else None)
-
-
-

@@ -286,7 +286,9 @@ def _bshape(t: Tensor, r: int) -> Tensor:
 def _batch_norm(a: Attrs, x, scale, bias, mean, var):
     eps = a.get("epsilon", 1e-5)
     r = x.ndim
-    training = a.get("training_mode", 0) or (a.opset < 9 and not a.get("is_test", 1) and a.n_out > 1)
+    training = a.get("training_mode", 0) or (
+        a.opset < 9 and not a.get("is_test", 1) and a.n_out > 1
+    )
     if training:
         dims = (0,) + tuple(range(2, r))
         bm = ember.mean(x, dim=dims)

@@ -447,4 +447,3 @@ def check_float(a: Attrs, x: Tensor) -> None:
     """Raise DTypeError unless x is a float tensor."""
     if not x.dtype.is_floating_point:
         raise DTypeError(f"ONNX {a.where()}: expected a float tensor, got {x.dtype}")
-

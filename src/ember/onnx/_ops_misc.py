@@ -172,7 +172,11 @@ def _resize_op(a: Attrs, x, roi=None, scales=None, sizes=None):
 
 @op("Upsample")
 def _upsample(a: Attrs, x, scales=None):
-    sc = list(a.get("scales")) if scales is None else [float(v) for v in np.asarray(scales.numpy()).reshape(-1)]
+    sc = (
+        list(a.get("scales"))
+        if scales is None
+        else [float(v) for v in np.asarray(scales.numpy()).reshape(-1)]
+    )
     mode = a.get("mode", "nearest")
     vals = dict(a.values)
     vals["mode"] = "linear" if mode in ("linear", "bilinear") else mode

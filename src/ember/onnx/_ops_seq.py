@@ -71,7 +71,9 @@ def _attention(a: Attrs, q, k, v, mask=None, past_k=None, past_v=None, nonpad=No
         w = _neg_inf_where(const(ok, np.bool_), dt)
         bias = w if bias is None else bias + w
     if nonpad is not None:
-        keep = np.arange(skv).reshape(1, 1, 1, skv) < np.asarray(nonpad.numpy()).reshape(-1, 1, 1, 1)
+        keep = np.arange(skv).reshape(1, 1, 1, skv) < np.asarray(nonpad.numpy()).reshape(
+            -1, 1, 1, 1
+        )
         p = _neg_inf_where(const(keep, np.bool_), dt)
         bias = p if bias is None else bias + p
     hq, hk = q.shape[1], k.shape[1]
@@ -181,7 +183,9 @@ def _act(name: str, alpha, beta):
     if name == "affine":
         return lambda x: x * (1.0 if alpha is None else alpha) + (0.0 if beta is None else beta)
     if name == "scaledtanh":
-        return lambda x: ember.tanh(x * (1.0 if beta is None else beta)) * (1.0 if alpha is None else alpha)
+        return lambda x: (
+            ember.tanh(x * (1.0 if beta is None else beta)) * (1.0 if alpha is None else alpha)
+        )
     raise ShapeError(f"unknown RNN activation {name!r}")
 
 

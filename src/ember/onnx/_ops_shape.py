@@ -299,8 +299,10 @@ def _nd_index(idx: Tensor, dims, a: Attrs) -> Tensor:
 
 def _linear_index(i2: Tensor, dims) -> Tensor:
     strides = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
-    return ember.sum(i2 * const(strides, np.int64), dim=-1) if dims else ember.zeros(
-        i2.shape[0], dtype=ember.int64
+    return (
+        ember.sum(i2 * const(strides, np.int64), dim=-1)
+        if dims
+        else ember.zeros(i2.shape[0], dtype=ember.int64)
     )
 
 

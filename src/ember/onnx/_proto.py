@@ -20,7 +20,9 @@ _NAMES = {
     17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4",
     22: "INT4", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2",
 }  # fmt: skip
-MAX_ELEMENTS = 1 << 40  # no tensor in a real model comes near this; a larger dims product is hostile
+MAX_ELEMENTS = (
+    1 << 40
+)  # no tensor in a real model comes near this; a larger dims product is hostile
 MAX_RANK = 64
 
 

@@ -134,8 +134,12 @@ def report(results: list[Result], show_pass: bool = True) -> str:
     lines = []
     npass = sum(r.ok for r in nn)
     allpass = sum(r.ok for r in results)
-    lines.append(f"NN set: {npass}/{len(nn)} node cases pass ({100 * npass / max(len(nn), 1):.1f}%)")
-    lines.append(f"all node cases: {allpass}/{len(results)} pass ({100 * allpass / max(len(results), 1):.1f}%)")
+    lines.append(
+        f"NN set: {npass}/{len(nn)} node cases pass ({100 * npass / max(len(nn), 1):.1f}%)"
+    )
+    lines.append(
+        f"all node cases: {allpass}/{len(results)} pass ({100 * allpass / max(len(results), 1):.1f}%)"
+    )
     per_op: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for r in nn:
         for o in r.ops:
