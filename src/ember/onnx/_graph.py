@@ -24,7 +24,7 @@ def to_tensor(a: np.ndarray, where: str = "value") -> Tensor:
         raise UnsupportedError(f"{where}: string tensors are not supported")
     a = np.asarray(a)
     if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
+        a = np.array(a, order="C")
     return ember.from_numpy(a)
 
 

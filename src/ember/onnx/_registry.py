@@ -66,7 +66,7 @@ def const(values, dtype) -> Tensor:
     """An ember tensor from Python values or an array, in the given numpy or ember dtype."""
     if isinstance(dtype, ember.dtype):
         dtype = dtype.np
-    return ember.from_numpy(np.ascontiguousarray(np.asarray(values, dtype=dtype)))
+    return ember.from_numpy(np.array(values, dtype=dtype, order="C"))
 
 
 def npdt(t: Tensor) -> np.dtype:
