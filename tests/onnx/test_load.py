@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper  # noqa: E402
-
 import ember  # noqa: E402
 import ember.onnx  # noqa: E402
 from ember.errors import ShapeError  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
 
 def _two_outputs(opset=17):
