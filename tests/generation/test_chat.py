@@ -128,10 +128,25 @@ def test_smollm2_chat_template_like_transformers() -> None:
             )
             assert text.startswith("<|im_start|>system\n")
             ids = ours.apply_chat_template(chat, add_generation_prompt=gen, tokenize=True)
-            assert ids == theirs.apply_chat_template(
+            assert ids == ours.encode(text, add_special_tokens=False)
+            # parse_special=True is transformers' default: control tokens parsed everywhere
+            old = ours.apply_chat_template(
+                chat, add_generation_prompt=gen, tokenize=True, parse_special=True
+            )
+            assert old == theirs.apply_chat_template(
                 chat, add_generation_prompt=gen, tokenize=True, return_dict=False
             )
-            assert ids == ours.encode(text, add_special_tokens=False)
+            # by default those in messages are text: the control ids are the template's only,
+            # as with transformers' sanitize_control_tokens
+            sanitized = theirs.apply_chat_template(
+                chat,
+                add_generation_prompt=gen,
+                tokenize=True,
+                return_dict=False,
+                sanitize_control_tokens=True,
+            )
+            special = ours.all_special_ids
+            assert [i for i in ids if i in special] == [i for i in sanitized if i in special]
     # the template ends turns with <|im_end|>, which is the eos; so does <|endoftext|>
     assert ours.eos_token_ids == {ours.token_to_id("<|im_end|>"), ours.token_to_id("<|endoftext|>")}
 

@@ -306,7 +306,7 @@ _BYTE_CHARS = bytes_to_unicode()  # GPT-2's printable spelling of each byte
 
 def test_smollm2_matches_llama_cpp(smol: Tokenizer) -> None:
     for text, expected in zip(AWKWARD, SMOL_LLAMA_CPP, strict=True):
-        assert smol.encode(text) == expected, text
+        assert smol.encode(text, parse_special=True) == expected, text
         assert smol.decode(expected) == text
 
 
@@ -321,13 +321,13 @@ def test_smollm2_matches_its_published_pre_tokenizer(smol: Tokenizer, smol_hf) -
         ]
     )
     for text in AWKWARD:
-        assert smol.encode(text) == reference.encode(text).ids, text
+        assert smol.encode(text, parse_special=True) == reference.encode(text).ids, text
 
 
 def test_smollm2_against_transformers_gguf(smol: Tokenizer, smol_hf) -> None:
     differ = set()
     for text in AWKWARD:
-        ids = smol.encode(text)
+        ids = smol.encode(text, parse_special=True)
         if ids != smol_hf.encode(text):
             differ.add(text)
         assert smol.decode(ids) == smol_hf.decode(ids)
@@ -343,7 +343,7 @@ def test_smollm2_special_tokens(smol: Tokenizer, smol_meta: dict) -> None:
     assert (smol.eos_token, smol.eos_token_id) == ("<|im_end|>", 2)
     assert smol.unk_token_id == 0 and smol.pad_token_id == 2
     assert smol.eos_token_ids == {0, 2}  # <|im_end|> and <|endoftext|>
-    assert smol.encode("<|im_start|>") == [1]  # control tokens encode to one id
+    assert smol.encode("<|im_start|>", parse_special=True) == [1]  # control tokens: one id
     assert smol.encode("hi", add_special_tokens=True) == smol.encode("hi", False)  # no bos
     assert smol.token_to_id("<|im_end|>") == 2 and smol.id_to_token(2) == "<|im_end|>"
     assert smol.token_to_id("no such token") is None
@@ -369,7 +369,7 @@ def test_gpt2_style_vocab_matches_llama_cpp_and_transformers() -> None:
     reference = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)  # HF's GPT-2 BPE
     specials = normal[len(normal) - 6 :]
     for text, expected in zip(BPE_TEXTS, GPT2_LLAMA_CPP, strict=True):
-        assert tok.encode(text) == expected, text
+        assert tok.encode(text, parse_special=True) == expected, text
         assert tok.decode(expected) == text
         if not any(s in text for s in specials):
             assert reference.encode(text) == expected, text
@@ -384,7 +384,7 @@ def test_pre_tokenizers_match_llama_cpp(pre: str | None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pre=None warns
         tok = Tokenizer.from_gguf_metadata(bpe_metadata(pre))
-    ids = [tok.encode(text) for text in BPE_TEXTS]
+    ids = [tok.encode(text, parse_special=True) for text in BPE_TEXTS]
     assert _digest(ids) == PRE_DIGESTS[pre], list(zip(BPE_TEXTS, ids))
     for text, row in zip(BPE_TEXTS, ids):
         assert tok.decode(row) == text
@@ -425,7 +425,7 @@ def test_added_tokens_decode_as_written() -> None:
     # turn the "é" of "café!" into a lone byte.
     tok = Tokenizer.from_gguf_metadata(bpe_metadata())
     text = "x<think>y caf\u00e9! z<\uff5cend\u2581of\u2581sentence\uff5c>"
-    ids = tok.encode(text)
+    ids = tok.encode(text, parse_special=True)
     assert ids == GPT2_LLAMA_CPP[BPE_TEXTS.index(text)]
     assert tok.decode(ids) == text
     assert tok.decode(ids, skip_special_tokens=True) == "x<think>y caf\u00e9! z"
@@ -449,7 +449,7 @@ def test_spm_matches_llama_cpp(prefix: bool) -> None:
     expected_ids = SPM_LLAMA_CPP_PREFIX_True if prefix else SPM_LLAMA_CPP_PREFIX_False
     detok = SPM_DETOK_PREFIX_True if prefix else SPM_DETOK_PREFIX_False
     for text, expected in zip(SPM_TEXTS, expected_ids, strict=True):
-        assert tok.encode(text) == expected, text
+        assert tok.encode(text, parse_special=True) == expected, text
     for ids, expected in zip(expected_ids, detok, strict=True):
         assert tok.decode(ids) == expected
     for text, ids in zip(SPM_TEXTS, expected_ids):
@@ -508,9 +508,11 @@ def test_minilm_matches_bert_tokenizer_fast(minilm: Tokenizer) -> None:
     texts = AWKWARD + ["[CLS] hello [SEP] [MASK] x", "Don't stop -- it's 'quoted' , ok ?"]
     texts.append("word " * 300)  # longer than the 128 its tokenizer.json truncates to
     for text in texts:
-        ids = minilm.encode(text)
+        ids = minilm.encode(text, parse_special=True)
         assert ids == reference.encode(text), text
-        assert minilm.encode(text, False) == reference.encode(text, add_special_tokens=False)
+        assert minilm.encode(text, False, parse_special=True) == reference.encode(
+            text, add_special_tokens=False
+        )
         assert minilm.decode(ids) == reference.decode(ids)
         assert minilm.decode(ids, True) == reference.decode(ids, skip_special_tokens=True)
     assert minilm.unk_token_id == 100 and minilm.pad_token_id == 0
@@ -539,7 +541,7 @@ def test_from_pretrained_reads_configs(tmp_path) -> None:
     assert tok.eos_token_ids == {tok.eos_token_id, 5, 6, im_end}
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     for text in BPE_TEXTS[1:]:  # transformers returns [] for "" (no bos); tokenizers gives [bos]
-        assert tok.encode(text) == hf.encode(text), text
+        assert tok.encode(text, parse_special=True) == hf.encode(text), text
     assert tok.encode("") == hf.backend_tokenizer.encode("").ids == [tok.bos_token_id]
     (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}")
     assert Tokenizer.from_pretrained(tmp_path).apply_chat_template([]) == "<|im_start|>"
