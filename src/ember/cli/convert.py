@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ember.cli._text import echo
 from ember.errors import EmberError, FormatError, UnsupportedError
 
 GGUF_META_KEY = "gguf.metadata"  # safetensors metadata entry carrying GGUF metadata as JSON
@@ -196,7 +197,7 @@ def run(args) -> int:
             ".gguf "
             "(see ember convert --help)"
         )
-    print(f"wrote {dst} ({n} tensors)")
+    echo(f"wrote {dst} ({n} tensors)")
     for line in report.lines() if report is not None else ():
-        print(line)
+        echo(line)
     return 0

@@ -18,7 +18,7 @@ COMMANDS = {
     "generate": "Generate text from a prompt (bundled SmolLM2 by default).",
     "chat": "Chat interactively (history, /reset, /save, /load, streaming).",
     "info": "Show a model's architecture, parameters, quantization and memory.",
-    "convert": "Convert model files: pt/pth/bin -> safetensors, safetensors <-> GGUF, GGUF -> folder.",
+    "convert": "Convert model files: pt/pth/bin -> safetensors, folder/safetensors <-> GGUF, GGUF -> GGUF.",
     "inspect": "Show a model file's format, metadata, tensor table, dtypes and sizes.",
     "embed": "Sentence embeddings of texts or stdin lines (bundled all-MiniLM-L6-v2 by default).",
     "transcribe": "Speech to text from a WAV file with Whisper (bundled tiny.en by default).",
