@@ -105,6 +105,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="on SIGTERM, let running streams go on for S seconds before ending them (default 5)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ray = p.add_argument_group("Ray Serve (the 'ray' extra)")
+    ray.add_argument(
+        "--ray", action="store_true", help="serve through Ray Serve: replicas behind Ray's proxy"
+    )
+    ray.add_argument(
+        "--replicas",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="model replicas (default 1)",
+    )
+    ray.add_argument("--min-replicas", type=int_at_least(0), metavar="N", help="autoscaling floor")
+    ray.add_argument("--max-replicas", type=int_at_least(1), metavar="N", help="autoscaling cap")
+    ray.add_argument(
+        "--max-ongoing-requests",
+        type=int_at_least(1),
+        metavar="N",
+        help="per replica (Ray Serve's)",
+    )
+    ray.add_argument(
+        "--num-cpus-per-replica",
+        type=finite_float(0.0, low_open=True),
+        default=1.0,
+        metavar="C",
+        help="CPUs each replica reserves (default 1)",
+    )
+    ray.add_argument("--ray-address", metavar="ADDR", help="join this cluster (default: start one)")
 
 
 def api_keys(args) -> frozenset[str]:
@@ -137,6 +164,18 @@ def run(args) -> int:
     """Serve until SIGTERM or Ctrl-C."""
     _check(args)
     keys = api_keys(args)
+    if args.ray:
+        from ember.integrations.ray import run_serve_on_ray
+
+        return run_serve_on_ray(
+            args.model, args.replicas, args.num_cpus_per_replica, args.ray_address,
+            args.host, args.port, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+            max_ongoing_requests=args.max_ongoing_requests, embedding_model=args.embedding_model,
+            api_keys=sorted(keys), threads=args.threads, max_running=args.max_running,
+            max_queue=args.max_queue, max_n=args.max_n, max_body_bytes=args.max_body_bytes,
+            prefill_chunk=args.prefill_chunk, timeout=args.timeout,
+            served_model_name=args.served_model_name,
+        )  # fmt: skip
     try:
         import uvicorn
 
