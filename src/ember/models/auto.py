@@ -45,6 +45,7 @@ def gguf_to_hf_name(name: str) -> str:
 
 
 _REQUIRED = object()
+_GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def config_from_gguf(meta: dict, tensor_names) -> dict:
@@ -114,12 +115,7 @@ def config_from_gguf(meta: dict, tensor_names) -> dict:
     else:
         head_dim = hidden // heads
     cfg = {
-        "model_type": {
-            "llama": "llama",
-            "mistral": "mistral",
-            "qwen2": "qwen2",
-            "qwen3": "qwen3",
-        }.get(arch, arch),
+        "model_type": _GGUF_MODEL_TYPES.get(arch, arch),
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": integer("feed_forward_length"),
@@ -228,15 +224,19 @@ def _from_gguf(path: Path, dtype):
     from ember.quant import QTensor
 
     f = open_gguf(path)
-    cfg = config_from_gguf(f.metadata, set(f.tensors))
     from ember.models.llama import LlamaForCausalLM
 
-    # GGUF tensor names and conventions are mapped for the llama family only
-    if _model_class(cfg["model_type"]) is not LlamaForCausalLM:
-        raise UnsupportedError(
-            f"{path.name}: GGUF files of architecture {cfg['model_type']!r} are not supported yet "
-            "(llama-family ones are); load the model's Hugging Face folder instead"
-        )
+    # GGUF tensor names and conventions are mapped for the llama family only (asked first, so
+    # an unsupported architecture says so rather than which of its keys we cannot read)
+    arch = f.metadata.get("general.architecture")
+    if isinstance(arch, str) and arch:
+        model_type = _GGUF_MODEL_TYPES.get(arch, arch)
+        if _model_class(model_type) is not LlamaForCausalLM:
+            raise UnsupportedError(
+                f"{path.name}: GGUF files of architecture {model_type!r} are not supported yet "
+                "(llama-family ones are); load the model's Hugging Face folder instead"
+            )
+    cfg = config_from_gguf(f.metadata, set(f.tensors))
     model = _build(cfg)
     expected = dict(model.named_parameters(remove_duplicate=False))
     tied = cfg["tie_word_embeddings"]
