@@ -427,3 +427,21 @@ def test_ct2_hostile_shapes_are_format_errors():
     odd_heads = tiny_whisper(**{"decoder/num_heads": (3, (), struct.pack("<i", 3))})
     with pytest.raises(FormatError, match="num_heads 3 does not divide d_model 4"):
         whisper_config_from_ct2(parse_ct2(ct2_file(odd_heads)))
+
+
+def test_hf_folder_layer_count_is_checked_before_building(tmp_path):
+    from ember.io import save_safetensors
+    from ember.models.auto import AutoModelForCausalLM
+
+    cfg = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+           "num_hidden_layers": 10**9, "num_attention_heads": 2}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_safetensors({"model.embed_tokens.weight": np.zeros((10, 8), np.float32)},
+                     tmp_path / "model.safetensors")  # fmt: skip
+    fails_fast(
+        lambda: AutoModelForCausalLM.from_pretrained(tmp_path),
+        r"num_hidden_layers is 1000000000 but the checkpoint holds only 1 tensors",
+    )
+    (tmp_path / "config.json").write_text("{NaN")
+    with pytest.raises(FormatError, match="not valid JSON"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
