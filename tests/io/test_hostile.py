@@ -56,8 +56,9 @@ def fails_fast(load, match: str, seconds: float = 5.0):
 # --------------------------------------------------------------------------- pickles
 
 
-def test_billion_laughs_list_dag_is_refused(tmp_path):
-    path = write_zip(tmp_path, laughs())
+@pytest.mark.parametrize("opener,closer", [(b"]", b"l"), (b")", b"t")], ids=["lists", "tuples"])
+def test_billion_laughs_list_dag_is_refused(tmp_path, opener, closer):
+    path = write_zip(tmp_path, laughs(opener=opener, closer=closer))
     assert path.stat().st_size < 2000
     fails_fast(lambda: load_torch(path), r"more than 1000000 objects")
 
