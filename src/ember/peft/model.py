@@ -302,6 +302,36 @@ class PeftModel(nn.Module):
         """The wrapped model (with its adapted layers in place)."""
         return self.base_model.model
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """nn.Module.load_state_dict, except that frozen read-only weights (memory-mapped base
+        weights) are left alone when equal and replaced, not written into, when not."""
+        import numpy as np
+
+        from ember.nn.state_dict import StateDictError, _IncompatibleKeys
+
+        own = dict(self.named_parameters())
+        rest, handled = {}, set()
+        for k, v in state_dict.items():
+            p = own.get(k)
+            arr = v._data if hasattr(v, "_data") else np.asarray(v)
+            if (
+                p is not None and not p.requires_grad and not p._data.flags.writeable
+                and tuple(p.shape) == tuple(arr.shape)
+            ):  # fmt: skip
+                if not np.array_equal(p._data, arr):
+                    p._data = np.array(arr, dtype=p._data.dtype)
+                handled.add(k)
+            else:
+                rest[k] = v
+        keys = super().load_state_dict(rest, strict=False, assign=assign)
+        missing = [k for k in keys.missing_keys if k not in handled]
+        if strict and (missing or keys.unexpected_keys):
+            raise StateDictError(
+                f"Error(s) in loading state_dict for PeftModel: missing keys {missing[:8]}, "
+                f"unexpected keys {keys.unexpected_keys[:8]}"
+            )
+        return _IncompatibleKeys(missing, keys.unexpected_keys)
+
     # ------------------------------------------------------------------ counting
     def get_nb_trainable_parameters(self) -> tuple[int, int]:
         """(trainable parameters, all parameters); quantized weights count their elements."""

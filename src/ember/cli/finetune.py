@@ -1,0 +1,99 @@
+"""`ember finetune --data FILE.jsonl`: LoRA / QLoRA fine-tuning on the Learner.
+
+The model's weights stay as they are (a GGUF's stay quantized); LoRA adapters are trained on the
+assistant tokens of chat ``messages`` or ``prompt``/``completion`` records, with the model's chat
+template applied. The Learner writes its progress bar, CSV log, curves and resumable
+checkpoints to --out; the adapter goes to --out/adapter (peft's files) and, with --gguf, to a
+llama.cpp LoRA GGUF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Register this command's options."""
+    p.add_argument("--data", required=True, help="training records, one JSON object a line")
+    p.add_argument("--valid", help="held-out records (same format) for the validation loss")
+    p.add_argument("--model", help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
+    p.add_argument("--out", default="finetune-out", help="output folder (default finetune-out)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--rank", "-r", type=int, default=8, help="LoRA rank r (default 8)")
+    p.add_argument("--alpha", type=float, default=None, help="lora_alpha (default 2 * rank)")
+    p.add_argument("--dropout", type=float, default=0.0, help="lora_dropout (default 0)")
+    p.add_argument(
+        "--targets", default=DEFAULT_TARGETS, help="comma-separated module names, or all-linear"
+    )
+    p.add_argument("--max-length", type=int, default=512, help="tokens per record (default 512)")
+    p.add_argument(
+        "--on-bad-line", choices=["error", "skip"], default="error",
+        help="a malformed JSONL line: stop with its line number (default) or skip it with a warning",
+    )  # fmt: skip
+    p.add_argument(
+        "--on-long", choices=["truncate", "skip", "error"], default="truncate",
+        help="a record longer than --max-length: truncate it (default, with a warning), skip, or stop",
+    )  # fmt: skip
+    p.add_argument("--resume", action="store_true", help="continue from --out/last.safetensors")
+    p.add_argument(
+        "--no-checkpointing", action="store_true",
+        help="keep every layer's activations (faster, more memory) instead of recomputing them",
+    )  # fmt: skip
+    p.add_argument("--gguf", metavar="FILE", help="also write the adapter as a llama.cpp LoRA GGUF")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    """Fine-tune and write the adapter; returns the exit status."""
+    import ember
+    from ember.cli._llm import load
+    from ember.errors import EmberError
+    from ember.peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from ember.peft.data import batches, causal_lm_loss, encode_file
+    from ember.train import Learner
+
+    ember.manual_seed(args.seed)
+    model, tok = load(args)
+    context = int(getattr(model.config, "max_position_embeddings", args.max_length))
+    max_len = min(args.max_length, context)
+    kw = dict(on_error=args.on_bad_line, on_long=args.on_long)
+    train = encode_file(tok, args.data, max_len, **kw)
+    valid = encode_file(tok, args.valid, max_len, **kw) if args.valid else None
+    if not args.no_checkpointing:
+        prepare_model_for_kbit_training(model)
+    targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
+    cfg = LoraConfig(
+        r=args.rank, lora_alpha=args.alpha if args.alpha is not None else 2 * args.rank,
+        lora_dropout=args.dropout, target_modules=targets,
+    )  # fmt: skip
+    pm = get_peft_model(model, cfg)
+    t, a = pm.get_nb_trainable_parameters()
+    print(f"{len(train)} training records; trainable params: {t:,} of {a:,} ({100 * t / a:.3f}%)")
+    pad = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else 0
+    opt = ember.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=args.lr)
+    learner = Learner(pm, opt, causal_lm_loss, out_dir=args.out)
+    learner.fit(
+        batches(train, args.batch_size, pad),
+        batches(valid, args.batch_size, pad) if valid else None,
+        epochs=args.epochs,
+        resume=True if args.resume else None,
+    )
+    adapter_dir = os.path.join(args.out, "adapter")
+    pm.save_pretrained(adapter_dir)
+    print(f"adapter written to {adapter_dir} (adapter_config.json, adapter_model.safetensors)")
+    if args.gguf:
+        try:
+            from ember.peft import save_gguf_adapter
+
+            save_gguf_adapter(pm, args.gguf)
+            print(f"llama.cpp adapter written to {args.gguf}")
+        except EmberError as e:
+            print(f"no GGUF adapter: {e}")
+            return 1
+    return 130 if learner.interrupted else 0
