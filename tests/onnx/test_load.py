@@ -11,7 +11,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 import ember  # noqa: E402
 import ember.onnx  # noqa: E402
-from ember.errors import ShapeError  # noqa: E402
+from ember.errors import DTypeError, ShapeError  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def test_input_errors():
         m(x)
     with pytest.raises(ShapeError, match="no input"):
         m.run({"x": x, "b": np.ones(4, np.float32), "c": x})
-    with pytest.raises(ShapeError, match="dtype"):
+    with pytest.raises(DTypeError, match="dtype"):
         m(ember.from_numpy(x.astype(np.float64)), np.ones(4, np.float32))
     with pytest.raises(ShapeError, match="twice"):
         m(x, np.ones(4, np.float32), x=x)

@@ -38,7 +38,7 @@ def test_zoo_export_matches_onnxruntime(tmp_path, name):
 
 
 @pytest.mark.parametrize("opset", [9, 13, 18])
-def test_resnet_at_other_opsets(tmp_path, opset):
+def test_mobilenet_at_other_opsets(tmp_path, opset):
     path, feeds = MODELS["mobilenet_v2"](tmp_path, opset=opset)
     m = ember.onnx.load(path)
     assert m.opset == opset

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 import ember
-from ember.errors import FormatError, ShapeError, UnsupportedError
+from ember.errors import DTypeError, FormatError, ShapeError, UnsupportedError
 from ember.nn import Module
 from ember.onnx import _ops_conv, _ops_math, _ops_misc, _ops_seq, _ops_shape  # noqa: F401 - registers ops
 from ember.onnx._graph import Graph, _Node, input_dtype, to_tensor
@@ -108,7 +108,7 @@ class OnnxModule(Module):
             t = to_tensor(arr, f"input {name!r}")
         want = self._dtypes.get(name)
         if want is not None and np.dtype(t.dtype.np) != want:
-            raise ShapeError(f"ONNX input {name!r}: expected dtype {want}, got {t.dtype}")
+            raise DTypeError(f"ONNX input {name!r}: expected dtype {want}, got {t.dtype}")
         return t
 
     def run(self, inputs: dict[str, Any]) -> dict[str, Tensor]:

@@ -95,6 +95,12 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[:120]}"
 
 
+def _arrays(values) -> list:
+    from onnx import TensorProto, numpy_helper
+
+    return [numpy_helper.to_array(v) if isinstance(v, TensorProto) else v for v in values]
+
+
 def run_cases(name_filter: str | None = None) -> list[Result]:
     """Run every node case of the installed onnx (optionally those whose name contains a string)."""
     from onnx.backend.test.loader import load_node_model_tests
@@ -113,6 +119,7 @@ def run_cases(name_filter: str | None = None) -> list[Result]:
             rep = backend.prepare(c.model)
             reason = ""
             for inputs, ref in c.data_sets:
+                inputs, ref = _arrays(inputs), _arrays(ref)
                 with warnings.catch_warnings(), np.errstate(all="ignore"):
                     warnings.simplefilter("ignore")
                     outs = rep.run(list(inputs))
@@ -157,6 +164,10 @@ def report(results: list[Result], show_pass: bool = True) -> str:
     lines.append("\nNN-set failures by reason:")
     for reason, names in sorted(fails.items(), key=lambda kv: -len(kv[1])):
         lines.append(f"- {reason} ({len(names)}): {', '.join(sorted(names))}")
+    other = collections.Counter(r.reason for r in results if not r.ok and not r.in_nn_set)
+    lines.append("\nOutside the NN set, failures by reason (counts):")
+    for reason, n in other.most_common():
+        lines.append(f"- {reason}: {n}")
     if show_pass:
         lines.append("\nNN-set passing cases:")
         lines.append(", ".join(sorted(r.name for r in nn if r.ok)))
