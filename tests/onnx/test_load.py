@@ -109,3 +109,50 @@ def test_supported_ops_lists_the_families():
     ops = ember.onnx.supported_ops()
     for o in ("Conv", "LSTM", "Resize", "Attention", "NonMaxSuppression", "Einsum", "TopK"):
         assert o in ops
+
+
+def _loop_model(trips: int | None):
+    """y = x * 2**n through a Loop whose body reads the outer-scope 'two'; an If picks the sign."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Mul", ["v_in", "two"], ["v_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    neg = helper.make_graph([helper.make_node("Neg", ["looped"], ["r"])], "neg", [],
+                            [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])  # fmt: skip
+    pos = helper.make_graph([helper.make_node("Identity", ["looped"], ["r"])], "pos", [],
+                            [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])  # fmt: skip
+    inits = [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+             helper.make_tensor("go", TensorProto.BOOL, [], [True])]  # fmt: skip
+    loop_in = ["n" if trips is not None else "", "go", "x"]
+    if trips is not None:
+        inits.append(helper.make_tensor("n", TensorProto.INT64, [], [trips]))
+    nodes = [helper.make_node("Loop", loop_in, ["looped"], body=body),
+             helper.make_node("If", ["flip"], ["y"], then_branch=neg, else_branch=pos)]  # fmt: skip
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("flip", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], initializer=inits,
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_if_and_loop_read_the_outer_scope():
+    m = ember.onnx.load(_loop_model(3).SerializeToString())
+    x = np.array([1.0, -2.0, 0.5], np.float32)
+    np.testing.assert_array_equal(m(x, np.array(False)).numpy(), x * 8)
+    np.testing.assert_array_equal(m(x, np.array(True)).numpy(), -x * 8)
+
+
+def test_endless_loop_stops(monkeypatch):
+    from ember.onnx import _ops_control
+
+    monkeypatch.setattr(_ops_control, "MAX_TRIPS", 50)
+    m = ember.onnx.load(_loop_model(None).SerializeToString())
+    with pytest.raises(ShapeError, match="iterations"):
+        m(np.ones(3, np.float32), np.array(False))

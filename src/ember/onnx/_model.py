@@ -10,7 +10,7 @@ import numpy as np
 import ember
 from ember.errors import DTypeError, FormatError, ShapeError, UnsupportedError
 from ember.nn import Module
-from ember.onnx import _ops_conv, _ops_math, _ops_misc, _ops_seq, _ops_shape  # noqa: F401 - registers ops
+from ember.onnx import _ops_control, _ops_conv, _ops_math, _ops_misc, _ops_seq, _ops_shape  # noqa: F401 - registers ops
 from ember.onnx._graph import Graph, _Node, input_dtype, to_tensor
 from ember.onnx._proto import import_onnx, parse_model, read_source
 from ember.onnx._registry import Attrs
