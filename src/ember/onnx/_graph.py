@@ -187,16 +187,15 @@ class Graph:
         last = self._last_use
         for i, nd in enumerate(self.nodes):
             args = [env[n] if n else None for n in nd.inputs]
-            if nd.op in _SCOPED:
-                nd.attrs.values["__scope__"] = env
+            at = nd.attrs
+            if nd.op in _SCOPED:  # control flow reads the enclosing values (a copy: thread-safe)
+                at = Attrs({**at.values, "__scope__": env}, at.opset, at.n_out, at.op, at.name)
             try:
-                out = nd.fn(nd.attrs, *args)
+                out = nd.fn(at, *args)
             except EmberError:
                 raise
             except (ValueError, TypeError, IndexError, ZeroDivisionError, KeyError) as e:
-                raise FormatError(f"{self.where}: ONNX {nd.attrs.where()} failed: {e}") from e
-            finally:
-                nd.attrs.values.pop("__scope__", None)
+                raise FormatError(f"{self.where}: ONNX {at.where()} failed: {e}") from e
             if not isinstance(out, (tuple, list)):
                 out = (out,)
             for name, v in zip(nd.outputs, out):

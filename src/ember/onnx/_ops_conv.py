@@ -145,14 +145,12 @@ def _pool_plan(a: Attrs, x: Tensor, k: list[int]):
 
 def _windows(xp: Tensor, k, s, d, outs):
     """Each kernel tap's strided view of the padded input, with its offsets."""
-    nd = len(k)
     for taps in np.ndindex(*k):
         idx = [slice(None), slice(None)]
         for t, ss, dd, o in zip(taps, s, d, outs):
             start = t * dd
             idx.append(slice(start, start + ss * (o - 1) + 1, ss))
         yield taps, xp[tuple(idx)]
-    del nd
 
 
 def _extra_hi(xsp, k, s, d, lo, hi, outs):

@@ -10,7 +10,7 @@ import ember
 from ember.errors import ShapeError
 from ember.nn import functional as F
 from ember.onnx._proto import np_dtype
-from ember.onnx._registry import Attrs, const, ints, op, unsupported
+from ember.onnx._registry import Attrs, const, op
 from ember.tensor import Tensor
 
 # ---- attention ---------------------------------------------------------------------------
@@ -344,6 +344,3 @@ def _lstm(a: Attrs, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
         hs.append(h)
         cs.append(c)
     return _finish(a, ys, hs, cs, layout)
-
-
-_ = (ints, unsupported)
