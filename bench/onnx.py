@@ -4,7 +4,8 @@ The models are torch exports (TorchScript exporter, opset 17) of ember's zoo arc
 their real sizes: ResNet-50 and MobileNetV2 (torchvision module trees, tests/models/vision/twins.py,
 random weights, 224x224), ViT-B/16 (transformers, random weights, 224x224), all-MiniLM-L6-v2
 (the installed real weights, 128 tokens) and a Whisper tiny-sized encoder (random weights, 80 mel
-bins x 3000 frames). Each runs at every --batch on both engines with --threads threads
+bins x 3000 frames), plus the PP-OCRv4 detector (640x640) and recognizer (48x320) that
+rapidocr-onnxruntime ships, when installed. Each runs at every --batch on both engines with --threads threads
 (ember.set_num_threads, ORT intra-op threads); outputs are checked to agree first. Engines take
 turns (an untimed call, then a timed call each); the median and best of --repeat timed calls are
 reported with ember's ratio to onnxruntime, and the table goes to bench/RESULTS.md.
@@ -115,6 +116,19 @@ def export_models(tmp: Path, names: list[str]) -> dict:
         out["whisper_tiny_encoder"] = (
             p, lambda b: {"x": rng.standard_normal((b, 80, 3000)).astype(np.float32)}
         )  # fmt: skip
+    if "ppocr" in names:
+        from ember.models.hub import package_dir
+
+        d = package_dir("rapidocr_onnxruntime")
+        if d is not None:  # pip install --no-deps rapidocr-onnxruntime==1.4.4
+            out["ppocr_v4_det"] = (
+                d / "models" / "ch_PP-OCRv4_det_infer.onnx",
+                lambda b: {"x": rng.standard_normal((b, 3, 640, 640)).astype(np.float32)},
+            )
+            out["ppocr_v4_rec"] = (
+                d / "models" / "ch_PP-OCRv4_rec_infer.onnx",
+                lambda b: {"x": rng.standard_normal((b, 3, 48, 320)).astype(np.float32)},
+            )
     return out
 
 
@@ -154,7 +168,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument(
-        "--models", nargs="+", default=["resnet50", "mobilenet_v2", "vit", "minilm", "whisper"]
+        "--models",
+        nargs="+",
+        default=["resnet50", "mobilenet_v2", "vit", "minilm", "whisper", "ppocr"],
     )
     ap.add_argument("--no-append", action="store_true", help="print only, leave RESULTS.md alone")
     args = ap.parse_args()

@@ -50,3 +50,29 @@ def test_minilm_at_other_opsets(tmp_path, opset):
     path, feeds = MODELS["minilm"](tmp_path, opset=opset)
     m = ember.onnx.load(path.read_bytes())
     np.testing.assert_allclose(m(**feeds).numpy(), _ort(path, feeds)[0], rtol=0, atol=1e-4)
+
+
+PPOCR = {  # the PP-OCR models rapidocr-onnxruntime ships (pip install --no-deps rapidocr-onnxruntime==1.4.4)
+    "ch_PP-OCRv4_det_infer.onnx": (1, 3, 64, 96),
+    "ch_PP-OCRv4_rec_infer.onnx": (2, 3, 48, 160),
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": (2, 3, 48, 192),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PPOCR))
+def test_shipped_ppocr_models_match_onnxruntime(name):
+    from ember.models.hub import package_dir
+
+    d = package_dir("rapidocr_onnxruntime")
+    if d is None:
+        pytest.skip(
+            "rapidocr-onnxruntime is not installed (pip install --no-deps rapidocr-onnxruntime==1.4.4)"
+        )
+    path = d / "models" / name
+    x = np.random.default_rng(5).standard_normal(PPOCR[name]).astype(np.float32)
+    m = ember.onnx.load(path)
+    (inp,) = m.input_names
+    want = _ort(path, {inp: x})
+    got = m.run({inp: x})
+    for w, n in zip(want, m.output_names):
+        np.testing.assert_allclose(got[n].numpy(), w, rtol=0, atol=1e-4)
