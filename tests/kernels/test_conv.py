@@ -153,6 +153,8 @@ CONV1D_CASES = [  # n, cin, cout, k, stride, pad, length
     (1, 64, 16, 1, 1, 0, 9),  # 1 tap, no padding
     (3, 13, 33, 5, 3, 2, 11),  # odd sizes, partial last window
     (0, 64, 8, 3, 1, 1, 6),  # empty batch
+    (1, 1, 258, 256, 128, 0, 576),  # one channel (Silero VAD's STFT conv): window rows of 1 channel
+    (2, 1, 8, 64, 1, 3, 100),  # one channel, padded
 ]
 
 

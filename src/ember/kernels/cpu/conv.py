@@ -300,8 +300,11 @@ def _window_rows(xp: np.ndarray, kw: int, sw: int, ow: int) -> np.ndarray:
     kx1 one whose taps are kw*C deep (an im2col along the width only: kw times the input, not
     kh*kw times).
     """
-    s = xp.strides
-    n, hp, _, c = xp.shape
+    xp = np.ascontiguousarray(xp)
+    n, hp, wp, c = xp.shape
+    # strides from the shape: numpy reports any stride for an axis of one element (a 1-channel
+    # NHWC view of NCHW memory has C's stride = a row), and as_strided would read past the array
+    s = tuple(xp.itemsize * int(np.prod(xp.shape[i + 1 :])) for i in range(4))
     v = np.lib.stride_tricks.as_strided(xp, (n, hp, ow, kw * c), (s[0], s[1], sw * s[2], s[3]))
     return copy4d(v, _buffer(("rows", *v.shape), v.shape))
 
