@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from ember.cli._text import echo
+
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -74,7 +76,7 @@ def run(args) -> int:
     )  # fmt: skip
     pm = get_peft_model(model, cfg)
     t, a = pm.get_nb_trainable_parameters()
-    print(f"{len(train)} training records; trainable params: {t:,} of {a:,} ({100 * t / a:.3f}%)")
+    echo(f"{len(train)} training records; trainable params: {t:,} of {a:,} ({100 * t / a:.3f}%)")
     pad = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else 0
     opt = ember.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=args.lr)
     learner = Learner(pm, opt, causal_lm_loss, out_dir=args.out)
@@ -86,14 +88,14 @@ def run(args) -> int:
     )
     adapter_dir = os.path.join(args.out, "adapter")
     pm.save_pretrained(adapter_dir)
-    print(f"adapter written to {adapter_dir} (adapter_config.json, adapter_model.safetensors)")
+    echo(f"adapter written to {adapter_dir} (adapter_config.json, adapter_model.safetensors)")
     if args.gguf:
         try:
             from ember.peft import save_gguf_adapter
 
             save_gguf_adapter(pm, args.gguf)
-            print(f"llama.cpp adapter written to {args.gguf}")
+            echo(f"llama.cpp adapter written to {args.gguf}")
         except EmberError as e:
-            print(f"no GGUF adapter: {e}")
+            echo(f"no GGUF adapter: {e}")
             return 1
     return 130 if learner.interrupted else 0

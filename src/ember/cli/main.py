@@ -24,6 +24,7 @@ COMMANDS = {
     "transcribe": "Speech to text from a WAV file with Whisper (bundled tiny.en by default).",
     "classify": "Classify images: top-5 ImageNet labels (bundled EfficientNet-Lite0 by default).",
     "serve": "An OpenAI-compatible server: chat, completions, embeddings (the 'serve' extra).",
+    "finetune": "LoRA / QLoRA fine-tuning on JSONL chat or prompt/completion records.",
     "list": "List the bundled models and where they are installed.",
 }
 
