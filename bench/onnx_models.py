@@ -10,7 +10,7 @@ rapidocr-onnxruntime ships, when installed. Each runs at every --batch on both e
 turns (an untimed call, then a timed call each); the median and best of --repeat timed calls are
 reported with ember's ratio to onnxruntime, and the table goes to bench/RESULTS.md.
 
-    .venv/bin/python bench/onnx.py [--batch 1 8] [--threads 2] [--repeat 10] [--models resnet50 vit]
+    .venv/bin/python bench/onnx_models.py [--batch 1 8] [--threads 2] [--repeat 10] [--models resnet50 vit]
         [--no-append]
 """
 
@@ -25,9 +25,6 @@ import time
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "bench")
-# this file's name would shadow the onnx package: keep bench/ off the path, load _common by file
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != BENCH]
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, ROOT)
 
@@ -174,14 +171,9 @@ def main() -> None:
     )
     ap.add_argument("--no-append", action="store_true", help="print only, leave RESULTS.md alone")
     args = ap.parse_args()
-    import importlib.util
+    from _common import append, blas_info
 
     import ember
-
-    spec = importlib.util.spec_from_file_location("_common", os.path.join(BENCH, "_common.py"))
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
-    append, blas_info = common.append, common.blas_info
 
     ember.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
