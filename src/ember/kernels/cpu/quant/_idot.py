@@ -33,13 +33,15 @@ rows g = 1..G_MAX), compiled with ``gemm.jit_ir`` and called by a numba driver (
 that quantizes x and hands out chunks of weight rows over numba's threads; with more than G_MAX
 rows of x it sweeps a chunk in sub-blocks that stay in L1 while each group of rows reads them.
 ``Q8_0F`` is the same loop for Q8_0 weights and float32 x (no quantization of x): each block
-decodes to ``d_w * q_w`` (exact in float32) and four FMAs add its products with x into eight
-lanes per (weight row, x row), in an order that does not depend on M. It is Q8_0's product for
-1..16 rows of float x: one pass over the weight for all rows (per-row matrix-vector passes
-read a large head M times), batch-invariant as above.
+decodes to ``d_w * q_w`` (exact in float32); its products with x are summed in L lanes (L = 16
+on AVX-512, 8 on AVX2: one multiply, then FMAs) and added to the (weight row, x row)
+accumulator, in an order that does not depend on M. It is Q8_0's product for 1..16 rows of
+float x: one pass over the weight for all rows (per-row matrix-vector passes read a large head
+M times), batch-invariant as above. Its x is not quantized, so it also runs under
+``EMBER_QUANT_DOT=float``.
 
-Where AVX2 is missing, llvmlite/numba are absent, ``EMBER_SGEMM_ISA=none`` or
-``EMBER_QUANT_DOT=float``, the float kernels of the format modules run instead.
+Where AVX2 is missing, llvmlite/numba are absent or ``EMBER_SGEMM_ISA=none``, the float kernels
+of the format modules run instead (and, for the integer kernels, under ``EMBER_QUANT_DOT=float``).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ PREFETCH_F8 = 6144  # the same for Q8_0F, whose blocks take longer to stream tha
 # qtype -> (format id, bytes per block, offset of the quants, kind); kind: "s8" signed bytes,
 # "s4" nibbles minus 8, "u4" nibbles with a min (fp16 at byte 2)
 SPECS = {"Q8_0": (0, 34, 2, "s8"), "Q4_0": (1, 18, 2, "s4"), "Q4_1": (2, 20, 4, "u4")}
-# Q8_0 weights times float32 x ("f8": no quantization of x), format id 3; see float_args
+# Q8_0 weights times float32 x ("f8": no quantization of x), format id 3; see driver_args
 FLOAT_SPEC = (3, 34, 2, "f8")
 KERNELS = (*SPECS, "Q8_0F")  # format-major, in format id order
 _STATE: dict = {}
