@@ -401,3 +401,18 @@ def test_polars_columns_become_tensors_without_a_copy():
             assert t.numpy().ctypes.data == address  # polars' own buffer
     with pytest.raises(DTypeError, match="to_arrow"):
         ember.from_dlpack(df["x"])
+
+
+@pytest.mark.parametrize(
+    "tree", ['{"__tensor__": ["x"]}', '{"__items__": [1]}', "[" * 5000 + "]" * 5000]
+)
+def test_load_refuses_a_malformed_saved_structure(tmp_path, tree):
+    import ember
+    from ember.errors import FormatError
+    from ember.io import save_safetensors
+
+    path = tmp_path / "bad.safetensors"
+    save_safetensors({"x": np.zeros(2, np.float32)}, path,
+                     metadata={"ember.save": "tree", "ember.save.tree": tree})  # fmt: skip
+    with pytest.raises(FormatError):
+        ember.load(path)

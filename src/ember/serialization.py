@@ -109,7 +109,7 @@ def _unflatten(node: Any, tensors: Mapping[str, Any]) -> Any:
         return node
     if "__tensor__" in node:
         key = node["__tensor__"]
-        if key not in tensors:
+        if not isinstance(key, str) or key not in tensors:
             raise FormatError(f"load: the saved structure names a tensor {key!r} the file lacks")
         return tensors[key]
     if "__tuple__" in node:
@@ -208,7 +208,13 @@ def _load_path(path: str, dev: Any, keep_map: bool) -> Any:
         tree = json.loads(meta[_TREE])
     except (KeyError, ValueError) as e:
         raise FormatError(f"{path}: the {_TREE!r} metadata is missing or not JSON ({e})") from None
-    return _unflatten(tree, tensors)
+    try:
+        return _unflatten(tree, tensors)
+    except (TypeError, ValueError, AttributeError, RecursionError) as e:
+        kind = type(e).__name__
+        raise FormatError(
+            f"{path}: the {_TREE!r} metadata is not a saved structure ({kind})"
+        ) from None
 
 
 def _tensors_in(obj: Any, dev: Any) -> Any:

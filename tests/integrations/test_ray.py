@@ -91,6 +91,7 @@ def llm_app(ray_cluster, tmp_path_factory):
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(10)
 
 
 @pytest.fixture(scope="module")

@@ -76,9 +76,9 @@ def test_generator_matches_ember_generate():
 
 def test_app_builder_passes_autoscaling_and_max_ongoing_requests_through():
     pytest.importorskip("ray.serve")
+    from ember.integrations import _ray_serve as ray_serve
     from ember.integrations.ray import EmberAppArgs, build_app
 
-    ray_serve = pytest.importorskip("ember.integrations._ray_serve")
     args = EmberAppArgs(
         **{"min_replicas": "1", "max_replicas": "4", "max_ongoing_requests": "12", "num_cpus": "2"}
     )

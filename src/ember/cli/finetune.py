@@ -12,27 +12,62 @@ from __future__ import annotations
 import argparse
 import os
 
+from ember.cli._args import existing_file, finite_float, int_at_least
 from ember.cli._text import echo
+from ember.errors import EmberError
 
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
+def _file(flag: str):
+    """An argparse type: an existing file (the error names the flag)."""
+
+    def parse(text: str) -> str:
+        try:
+            return str(existing_file(text, flag))
+        except EmberError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register this command's options."""
-    p.add_argument("--data", required=True, help="training records, one JSON object a line")
-    p.add_argument("--valid", help="held-out records (same format) for the validation loss")
+    p.add_argument(
+        "--data",
+        required=True,
+        type=_file("--data"),
+        help="training records, one JSON object a line",
+    )
+    p.add_argument(
+        "--valid",
+        type=_file("--valid"),
+        help="held-out records (same format) for the validation loss",
+    )
     p.add_argument("--model", help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
     p.add_argument("--out", default="finetune-out", help="output folder (default finetune-out)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--rank", "-r", type=int, default=8, help="LoRA rank r (default 8)")
-    p.add_argument("--alpha", type=float, default=None, help="lora_alpha (default 2 * rank)")
-    p.add_argument("--dropout", type=float, default=0.0, help="lora_dropout (default 0)")
+    p.add_argument("--epochs", type=int_at_least(1), default=1)
+    p.add_argument("--lr", type=finite_float(0.0, low_open=True), default=2e-4)
+    p.add_argument("--batch-size", type=int_at_least(1), default=4)
+    p.add_argument("--rank", "-r", type=int_at_least(1), default=8, help="LoRA rank r (default 8)")
+    p.add_argument(
+        "--alpha",
+        type=finite_float(0.0, low_open=True),
+        default=None,
+        help="lora_alpha (default 2 * rank)",
+    )
+    p.add_argument(
+        "--dropout",
+        type=finite_float(0.0, 1.0, high_open=True),
+        default=0.0,
+        help="lora_dropout (default 0)",
+    )
     p.add_argument(
         "--targets", default=DEFAULT_TARGETS, help="comma-separated module names, or all-linear"
     )
-    p.add_argument("--max-length", type=int, default=512, help="tokens per record (default 512)")
+    p.add_argument(
+        "--max-length", type=int_at_least(1), default=512, help="tokens per record (default 512)"
+    )
     p.add_argument(
         "--on-bad-line", choices=["error", "skip"], default="error",
         help="a malformed JSONL line: stop with its line number (default) or skip it with a warning",
@@ -47,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep every layer's activations (faster, more memory) instead of recomputing them",
     )  # fmt: skip
     p.add_argument("--gguf", metavar="FILE", help="also write the adapter as a llama.cpp LoRA GGUF")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int_at_least(1), default=None)
+    p.add_argument("--seed", type=int_at_least(0), default=0)
 
 
 def run(args) -> int:
