@@ -412,7 +412,6 @@ def run_serve_on_ray(
         for s, h in previous.items():
             signal.signal(s, h)
         serve.delete(APP_NAME)
-        if not ray_address:
-            serve.shutdown()
-            ray.shutdown()
+        if not ray_address:  # the local cluster goes with its Serve controller (serve.shutdown()
+            ray.shutdown()  # first could wait forever on the controller's graceful shutdown)
     return 0
