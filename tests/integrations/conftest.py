@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,15 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.serve.conftest import free_port  # noqa: F401 - the ray tests import it from here
+
 BIN = Path(sys.executable).parent
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # Ray's minimum is ~75 MB
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_members(pgids: set[int]) -> list[int]:

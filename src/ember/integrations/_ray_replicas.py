@@ -258,34 +258,13 @@ class _EmbeddingServer(_BatchingServer):
         return out
 
     async def _embeddings(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        from ember.serve.app import _embed_inputs, read_json
-        from ember.serve.protocol import bad, json_object, unknown_model
+        from ember.serve.app import embedding_request, embedding_response, read_json
+        from ember.serve.protocol import json_object
 
         body = json_object(await read_json(request))
-        model = body.get("model", self.state.model_name)
-        if model != self.state.model_name:
-            raise unknown_model(model, self.state.model_name)
-        texts = _embed_inputs(body)
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise bad("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-        if body.get("dimensions") is not None:
-            raise bad("'dimensions' is not supported by this model", "dimensions", "unsupported")
+        model, texts, fmt = embedding_request(body, self.state.model_name)
         vectors, n_tokens, together = await self.embed_batch(texts)
-        data = []
-        for i, v in enumerate(np.asarray(vectors, np.float32)):
-            if fmt == "base64":
-                value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-            else:
-                value = v.tolist()
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
-        return JSONResponse(
-            {"object": "list", "data": data, "model": model, "usage": usage},
-            headers={BATCH_HEADER: str(together)},
-        )
+        return embedding_response(vectors, n_tokens, model, fmt, {BATCH_HEADER: str(together)})
 
 
 class _VisionServer(_BatchingServer):

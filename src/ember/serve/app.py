@@ -206,6 +206,36 @@ def _embed_inputs(body: dict) -> list[str]:
     return x
 
 
+def embedding_request(body: dict, served: str) -> tuple[str, list[str], str]:
+    """An /v1/embeddings body checked: (model, input texts, encoding format), or an APIError."""
+    model = body.get("model", served)
+    if model != served:
+        raise unknown_model(model, served)
+    texts = _embed_inputs(body)
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise bad("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    if body.get("dimensions") is not None:
+        raise bad("'dimensions' is not supported by this model", "dimensions", "unsupported")
+    return model, texts, fmt
+
+
+def embedding_response(
+    vectors: Any, n_tokens: int, model: str, fmt: str, headers: dict | None = None
+) -> JSONResponse:
+    """OpenAI's embeddings list: one float list (or base64 little-endian float32) per input."""
+    data = []
+    for i, v in enumerate(np.asarray(vectors, np.float32)):
+        if fmt == "base64":
+            value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+        else:
+            value = v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+    body = {"object": "list", "data": data, "model": model, "usage": usage}
+    return JSONResponse(body, headers=headers)
+
+
 @_endpoint
 async def embeddings(request: Request) -> Any:
     """POST /v1/embeddings (when an embedding model is loaded)."""
@@ -220,15 +250,7 @@ async def embeddings(request: Request) -> Any:
             param="model",
             code="model_not_found",
         )
-    model = body.get("model", state.embed_name)
-    if model != state.embed_name:
-        raise unknown_model(model, state.embed_name)
-    texts = _embed_inputs(body)
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
-        raise bad("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-    if body.get("dimensions") is not None:
-        raise bad("'dimensions' is not supported by this model", "dimensions", "unsupported")
+    model, texts, fmt = embedding_request(body, state.embed_name)
     emb = state.embedder
 
     def work() -> tuple[np.ndarray, int]:
@@ -239,15 +261,7 @@ async def embeddings(request: Request) -> Any:
         vectors, n_tokens = await asyncio.wrap_future(state.engine.call(work))
     except ShuttingDown as e:
         raise APIError(503, "the server is shutting down", "server_error") from e
-    data = []
-    for i, v in enumerate(np.asarray(vectors, np.float32)):
-        if fmt == "base64":
-            value: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-        else:
-            value = v.tolist()
-        data.append({"object": "embedding", "index": i, "embedding": value})
-    usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
-    return JSONResponse({"object": "list", "data": data, "model": model, "usage": usage})
+    return embedding_response(vectors, n_tokens, model, fmt)
 
 
 # --- small routes ------------------------------------------------------------------------------
