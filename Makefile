@@ -35,10 +35,14 @@ chromium:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; \
 	}
 
+# Bytecode for ember's sources, as pip writes it for an installed wheel: an editable install
+# under PYTHONDONTWRITEBYTECODE=1 would compile every module on every `import ember`.
 demo: $(VENV)/.demo-installed
+	$(BIN)/python -m compileall -q src/ember >/dev/null
 	$(BIN)/ember chat --once "What is the capital of France?"
 
 test: $(VENV)/.test-installed chromium
+	$(BIN)/python -m compileall -q src/ember >/dev/null
 	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider
 
 lint: $(VENV)/.test-installed

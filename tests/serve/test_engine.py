@@ -157,6 +157,22 @@ def test_queue_limit_is_all_or_none_and_cancel_frees_slots():
     assert asyncio.run(main())[0][1] == "length"
 
 
+def test_free_slots_do_not_count_as_queued():
+    """Requests that arrive before the worker admits them take free slots, not queue places."""
+
+    async def main():
+        e = _engine(max_running=2, max_queue=0)
+        try:
+            a = e.submit([_spec([1], max_tokens=10**6), _spec([2], max_tokens=10**6)])
+            with pytest.raises(QueueFull):
+                e.submit([_spec([3])])  # both slots taken, no queue
+            a.cancel()
+        finally:
+            e.stop()
+
+    asyncio.run(main())
+
+
 @pytest.fixture(autouse=True)
 def _record_feeds(monkeypatch):
     """Keep each sequence's fed chunks after the engine releases its cache."""

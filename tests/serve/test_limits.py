@@ -41,6 +41,14 @@ def _wait_idle(url: str) -> None:
         time.sleep(0.05)
 
 
+def _wait_running(url: str) -> None:
+    """Until one sequence runs."""
+    deadline = time.monotonic() + 60
+    while "ember_num_requests_running 1" not in httpx.get(url + "/metrics").text:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
+
+
 def _first_data(lines) -> str:
     for line in lines:
         if line.startswith("data: "):
@@ -78,7 +86,9 @@ def test_timeout_ends_runaway_requests(small):
             return [line for line in r.iter_lines() if line]
 
     with ThreadPoolExecutor(2) as pool:
-        fa, fb = pool.submit(plain), pool.submit(streamed)
+        fa = pool.submit(plain)
+        _wait_running(small.url)  # the plain one holds the slot, so the stream queues
+        fb = pool.submit(streamed)
         r, lines = fa.result(), fb.result()
     assert r.status_code == 408, r.text
     assert r.json()["error"]["type"] == "timeout_error"

@@ -388,7 +388,9 @@ class Engine:
         with self._cond:
             if self._draining_until is not None or self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            if len(self._waiting) + len(specs) > self.max_queue:
+            # sequences the worker will admit at its next step (free slots) are not queued
+            free = max(0, self.max_running - len(self._running))
+            if len(self._waiting) + len(specs) > self.max_queue + free:
                 raise QueueFull(
                     f"{len(self._waiting)} sequences are queued (--max-queue {self.max_queue})"
                 )
