@@ -58,12 +58,15 @@ def _first_data(lines) -> str:
 
 def test_queue_full_gets_429_with_retry_after(small):
     _wait_idle(small.url)  # nothing left running or queued from an earlier test
-    with httpx.Client(base_url=small.url, timeout=60) as a, httpx.Client(base_url=small.url) as b:
+    with (
+        httpx.Client(base_url=small.url, timeout=60) as a,
+        httpx.Client(base_url=small.url, timeout=60) as b,
+    ):
         with a.stream("POST", CHAT, json={**LONG, "stream": True}) as running:
             _first_data(running.iter_lines())  # it holds the only slot
             with b.stream("POST", CHAT, json={**LONG, "stream": True}) as queued:
                 assert queued.status_code == 200  # submitted: it waits in the queue
-                r = httpx.post(small.url + CHAT, json={**LONG, "max_tokens": 5})
+                r = httpx.post(small.url + CHAT, json={**LONG, "max_tokens": 5}, timeout=60)
                 assert r.status_code == 429, r.text
                 assert int(r.headers["retry-after"]) >= 1
                 e = r.json()["error"]
