@@ -37,8 +37,19 @@ def test_gated_act_kernel(act):
 @pytest.mark.parametrize("small", [True, False])
 def test_silu_kernel_both_paths(small, monkeypatch):
     monkeypatch.setattr(glu, "NUMPY_MIN", 1 << 40 if small else 0)
+    monkeypatch.setattr(glu, "LOOP_ROWS", glu.LOOP_ROWS if small else 0)
     (k,) = registry.kernels("gated_act")
     check_kernel(k, cases=_cases("silu")[:4], rtol=2e-5, atol=2e-5)
+
+
+def test_silu_rows_of_a_decode_batch_are_those_alone():
+    """Up to LOOP_ROWS rows, however large, each row is bitwise what it gives as one row."""
+    (k,) = registry.kernels("gated_act")
+    rng = np.random.default_rng(3)
+    g, u = rng.standard_normal((2, glu.LOOP_ROWS, glu.NUMPY_MIN), dtype=np.float32)
+    together = k.fn(g, u, act="silu")
+    for i in range(len(g)):
+        np.testing.assert_array_equal(together[i], k.fn(g[i : i + 1], u[i : i + 1], act="silu")[0])
 
 
 @pytest.mark.parametrize("act", ACTS)

@@ -74,3 +74,25 @@ def test_a_running_sequences_prefix_is_copied_and_a_short_match_is_ignored(model
     assert runner.new_cache(20, tiny, BLOCK).reused == 0
     whole = [1, *system]  # the prompt itself: at least one token is still fed
     assert runner.new_cache(80, whole, BLOCK).reused == 48
+
+
+def test_sixteen_decode_rows_in_one_forward_give_each_rows_logits_alone(model):
+    """The bundled model's weights all run the _idot kernels: 16 decode rows share a forward,
+    and each row's logits are bitwise those of the same sequence stepped alone."""
+    runner, alone = StepRunner(model, slots=16), StepRunner(model, slots=16)
+    assert runner.decode_batch == 16
+    rng = np.random.default_rng(2)
+    prompts = [[1, *rng.integers(100, 9000, 3 + i % 5).tolist()] for i in range(16)]
+    pairs = []
+    for p in prompts:
+        a, b = runner.new_cache(len(p) + 2), alone.new_cache(len(p) + 2)
+        for r, c in ((runner, a), (alone, b)):
+            r.step([StepInput(p, r.reserve(c, len(p)))])
+        pairs.append((a, b, len(p)))
+    batched = runner.step(
+        [StepInput([7 + i], runner.reserve(a, n + 1)) for i, (a, _, n) in enumerate(pairs)]
+    )
+    for i, (_, b, n) in enumerate(pairs):
+        np.testing.assert_array_equal(
+            batched[i], alone.step([StepInput([7 + i], alone.reserve(b, n + 1))])[0]
+        )

@@ -76,6 +76,21 @@ class Slot:
     reused: int = 0
 
 
+def decode_batch(model: Any, default: int) -> int:
+    """Decode rows one forward may carry so that each row's logits are those it gets alone:
+    the fewest any of the model's quantized weights allows, `default` for a model without any."""
+    from ember.kernels.cpu.quant import invariant_rows
+    from ember.quant.qtensor import QTensor
+
+    limits = {
+        invariant_rows(w)
+        for m in model.modules()
+        for w in vars(m).values()
+        if isinstance(w, QTensor) and len(w.shape) == 2
+    }
+    return min(limits) if limits else default
+
+
 class StepRunner:
     """The model behind the engine: a KV cache slot per sequence, batched forwards per step.
 
@@ -97,9 +112,10 @@ class StepRunner:
     (least recently freed first).
     """
 
-    # decode rows per forward: up to 8 rows every quantized kernel computes each row as it would
-    # alone (Q4_0/Q4_1/Q8_0's _idot kernels up to 16, the others one matrix-vector pass per row
-    # up to kernels.cpu.quant SMALL_M = 8), so a row's numbers are those of a batch of one
+    # decode rows per forward, at most: up to 8 rows every quantized kernel computes each row as
+    # it would alone (one matrix-vector pass per row up to kernels.cpu.quant SMALL_M = 8), so a
+    # row's numbers are those of a batch of one; a model whose quantized weights all run the
+    # _idot kernels (Q4_0/Q4_1/Q8_0 here) keeps that promise up to 16 (see decode_batch)
     MAX_BATCH = 8
 
     def __init__(self, model: Any, slots: int = 8, initial_capacity: int = 512) -> None:
@@ -114,6 +130,7 @@ class StepRunner:
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self._dims = (cfg.num_hidden_layers, self.model.num_kv_heads, int(hd))
         self._slots = max(1, slots)
+        self.decode_batch = decode_batch(model, self.MAX_BATCH)
         self._free = list(range(self._slots))  # least recently freed first
         self.cache: Any = None  # the BatchKVCache, made at the first sequence
         self._prefix: dict[int, list[int]] = {}  # slot -> its reusable prompt blocks' tokens
@@ -214,8 +231,8 @@ class StepRunner:
                 toks.extend(inputs[i].tokens)
         decode = [i for i in batch if len(inputs[i].tokens) == 1]
         with ember.no_grad():
-            for c in range(0, len(decode), self.MAX_BATCH):
-                part = decode[c : c + self.MAX_BATCH]
+            for c in range(0, len(decode), self.decode_batch):
+                part = decode[c : c + self.decode_batch]
                 ids = np.asarray([inputs[i].tokens for i in part], np.int64)
                 rows = self.cache.rows([inputs[i].cache.index for i in part])
                 logits = self.model(ember.from_numpy(ids), cache=rows).numpy()[:, -1]

@@ -4,7 +4,9 @@ The gate of a gated feed-forward (SwiGLU: silu, GeGLU: gelu, exact or tanh-appro
 pass over float32 gate and up arrays of one shape (strided views allowed), instead of an
 activation pass, a product pass and the temporary between them. Small arrays (a decode step)
 take a numba loop on the calling thread; from NUMPY_MIN elements on, silu runs as in-place numpy
-passes (numpy's exp is SIMD, numba's calls expf per element).
+passes (numpy's exp is SIMD, numba's calls expf per element). Up to ``LOOP_ROWS`` rows always
+take the loop: the two exps round differently, and a decode batch's row must get the numbers it
+gets alone (a batching server's promise), however many rows share its forward.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ember.kernels.cpu import have_numba, jit
 from ember.kernels.registry import register
 
 NUMPY_MIN = 1 << 14  # from this many elements on, silu runs as numpy passes
+LOOP_ROWS = 16  # ... but never for this many rows or fewer (decode batches)
 _F32 = np.float32
 _ACTS = ("silu", "gelu_tanh", "gelu")
 _C = math.sqrt(2.0 / math.pi)
@@ -67,9 +70,9 @@ def _when(g, u, *, act) -> bool:
 @register("gated_act", reference=gated_act_reference, when=_when, available=have_numba)
 def gated_act(g: np.ndarray, u: np.ndarray, *, act: str) -> np.ndarray:
     """act(g) * u for float32 arrays of one shape; a new array."""
-    if act == "silu" and g.size >= NUMPY_MIN:
-        return gated_act_reference(g, u, act=act)
     n = g.shape[-1]
+    if act == "silu" and g.size >= NUMPY_MIN and g.size > LOOP_ROWS * n:
+        return gated_act_reference(g, u, act=act)
     out = np.empty(g.shape, _F32)
     if out.size:
         _glu(g.reshape(-1, n), u.reshape(-1, n), _ACTS.index(act), out.reshape(-1, n))

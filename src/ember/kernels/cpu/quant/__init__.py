@@ -51,6 +51,22 @@ def matmul_t(qweight, x: np.ndarray) -> np.ndarray:
     return linear_reference(x, qweight=qweight)
 
 
+def invariant_rows(qweight) -> int:
+    """Up to how many rows of x each row of ``x @ W.T`` is bitwise that row's product alone.
+
+    The ``_idot`` formats carry up to ``_idot.MAX_M`` rows through one kernel that treats each
+    row as it would alone; the others run one matrix-vector pass per row up to ``SMALL_M``.
+    """
+    from ember.kernels.cpu.quant import _idot
+    from ember.kernels.cpu.quant._common import FORMATS, SMALL_M
+
+    registry.kernels("linear_q")  # imports the format modules (they fill FORMATS)
+    fmt = FORMATS.get(qweight.qtype)
+    if fmt is not None and config.KERNELS != "reference" and fmt.small_kernel():
+        return _idot.MAX_M
+    return SMALL_M
+
+
 def dequantize_rows(qweight, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
     """Rows ``[r0, r1)`` of a 2-d QTensor as float32, by its format's kernel where it has one."""
     from ember.kernels.cpu.quant._common import FORMATS
