@@ -50,14 +50,37 @@ def _picked_weights(t: np.ndarray, weight, ignore_index: int, C: int) -> tuple:
     return valid, tc, np.where(valid, wt, 0.0)
 
 
+# rows of logits one chunk of the index-target cross-entropy covers: about this many elements,
+# so its float32 temporaries stay near 4 MiB whatever the vocabulary (a 49152-class LM head)
+CE_CHUNK_ELEMENTS = 1 << 20
+
+
+def _row_chunks(z: np.ndarray) -> list:
+    """Slices of z's first axis holding about CE_CHUNK_ELEMENTS elements each."""
+    n = z.shape[0] if z.ndim >= 2 else 1
+    per_row = z.size // n if n else 0
+    step = max(1, CE_CHUNK_ELEMENTS // max(per_row, 1))
+    return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+
 class _CrossEntropy(Function):
-    """log_softmax over the class dim + weighted NLL, label smoothing; backward softmax - target."""
+    """log_softmax over the class dim + weighted NLL, label smoothing; backward softmax - target.
+
+    With class-index targets (a language model's next tokens) it runs a chunk of rows at a time
+    and keeps only each row's max and log-sum-exp for backward, which recomputes the
+    probabilities chunk by chunk into the one gradient array: no float32 copy of the logits,
+    of their softmax or of a scaled intermediate is ever whole (each was as large as the logits,
+    seq x vocab). The float operations are the unchunked ones, so loss and gradients are the
+    same bits.
+    """
 
     def meta(self, x, *t, target, weight, ignore_index, smoothing, reduction):
         shape = x.shape[:1] + x.shape[2:] if x.ndim >= 2 else ()
         return (shape if reduction == "none" else ()), x.dtype
 
     def forward(self, x, *t, target, weight, ignore_index, smoothing, reduction):
+        if target is not None:
+            return self._forward_indices(x, target, weight, ignore_index, smoothing, reduction)
         dt = x.dtype
         z = _class_last(up(x))
         C = z.shape[-1]
@@ -66,54 +89,89 @@ class _CrossEntropy(Function):
         logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
         w = None if weight is None else weight.astype(logp.dtype)
         self.C, self.reduction, self.smoothing, self.w = C, reduction, smoothing, w
-        if target is not None:
-            valid, tc, wt = _picked_weights(target, w, ignore_index, C)
-            picked = np.take_along_axis(logp, tc[..., None], axis=-1)[..., 0]
-            loss = -wt * picked
-            if smoothing > 0:
-                smooth = -(logp * w).sum(-1) if w is not None else -logp.sum(-1)
-                loss = (1 - smoothing) * loss + (smoothing / C) * np.where(valid, smooth, 0.0)
-            denom = float(wt.sum()) if w is not None else float(valid.sum())
-            self.valid, self.tc, self.wt = valid, tc, wt
-        else:
-            tp = _class_last(up(t[0])).astype(logp.dtype)
-            if smoothing > 0:
-                tp = tp * (1 - smoothing) + smoothing / C
-            a = tp * w if w is not None else tp
-            loss = -(logp * a).sum(-1)
-            denom = float(loss.size)
-            self.a = a
-            self.logp = logp
-        self.p = np.exp(logp, out=logp) if target is not None else np.exp(logp)
+        tp = _class_last(up(t[0])).astype(logp.dtype)
+        if smoothing > 0:
+            tp = tp * (1 - smoothing) + smoothing / C
+        a = tp * w if w is not None else tp
+        loss = -(logp * a).sum(-1)
+        denom = float(loss.size)
+        self.a = a
+        self.logp = logp
+        self.p = np.exp(logp)
         self.denom, self.lshape, self.target = denom, loss.shape, target
         return _reduce_arr(loss, reduction, denom).astype(dt, copy=False)
 
+    def _forward_indices(self, x, target, weight, ignore_index, smoothing, reduction):
+        z = _class_last(x)  # a view; each chunk goes to float32 (opmath) on its own
+        C = z.shape[-1]
+        ct = up(z[:0]).dtype
+        w = None if weight is None else weight.astype(ct)
+        valid, tc, wt = _picked_weights(target, w, ignore_index, C)
+        loss = np.empty(tc.shape, np.result_type(ct, wt.dtype))
+        m_all = np.empty(z.shape[:-1] + (1,), ct)
+        logs_all = np.empty(z.shape[:-1] + (1,), ct)
+        for sl in _row_chunks(z) if z.size else []:
+            rows = sl if z.ndim >= 2 else Ellipsis
+            zc = up(z[rows])
+            m = zc.max(axis=-1, keepdims=True)
+            logp = zc - m
+            logs = np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+            logp -= logs
+            m_all[rows], logs_all[rows] = m, logs
+            tcc, wtc = tc[rows], wt[rows]
+            picked = np.take_along_axis(logp, tcc[..., None], axis=-1)[..., 0]
+            lc = -wtc * picked
+            if smoothing > 0:
+                smooth = -(logp * w).sum(-1) if w is not None else -logp.sum(-1)
+                lc = (1 - smoothing) * lc + (smoothing / C) * np.where(valid[rows], smooth, 0.0)
+            loss[rows] = lc
+        if not z.size:
+            loss = -wt * np.zeros(tc.shape, ct)
+        denom = float(wt.sum()) if w is not None else float(valid.sum())
+        self.C, self.reduction, self.smoothing, self.w = C, reduction, smoothing, w
+        self.x, self.m, self.logs = x, m_all, logs_all
+        self.valid, self.tc, self.wt = valid, tc, wt
+        self.denom, self.lshape, self.target = denom, loss.shape, target
+        return _reduce_arr(loss, reduction, denom).astype(x.dtype, copy=False)
+
     def backward(self, g):
         gl = _grad_scale(up(g), self.reduction, self.denom, self.lshape)[..., None]
-        eps, C, w = self.smoothing, self.C, self.w
-        gx = gt = None
         if self.target is not None:
-            s = self.wt * (1 - eps)
-            if eps > 0:
-                tot = w.sum() if w is not None else C
-                s = s + self.valid * (eps / C) * tot
-            dz = self.p * s[..., None]
-            if eps > 0:
-                dz -= (eps / C) * (w if w is not None else 1.0) * self.valid[..., None]
-            np.put_along_axis(
-                dz,
-                self.tc[..., None],
-                np.take_along_axis(dz, self.tc[..., None], -1) - ((1 - eps) * self.wt)[..., None],
-                -1,
-            )
-            gx = _class_back(dz * gl)
-            return gx
+            return self._backward_indices(gl)
+        eps, w = self.smoothing, self.w
+        gx = gt = None
         if self.needs_input_grad[0]:
             gx = _class_back((self.p * self.a.sum(-1, keepdims=True) - self.a) * gl)
         if self.needs_input_grad[1]:
             d = -self.logp * (w if w is not None else 1.0) * (1 - eps)
             gt = _class_back(d * gl)
         return gx, gt
+
+    def _backward_indices(self, gl):
+        eps, C, w = self.smoothing, self.C, self.w
+        z = _class_last(self.x)
+        out = np.empty(z.shape, self.x.dtype)  # the gradient, in the logits' dtype
+        s_all = self.wt * (1 - eps)
+        if eps > 0:
+            tot = w.sum() if w is not None else C
+            s_all = s_all + self.valid * (eps / C) * tot
+        for sl in _row_chunks(z) if z.size else []:
+            rows = sl if z.ndim >= 2 else Ellipsis
+            p = up(z[rows]) - self.m[rows]
+            p -= self.logs[rows]
+            np.exp(p, out=p)  # this chunk's softmax
+            dz = p * s_all[rows][..., None]
+            if eps > 0:
+                dz -= (eps / C) * (w if w is not None else 1.0) * self.valid[rows][..., None]
+            tcc = self.tc[rows][..., None]
+            np.put_along_axis(
+                dz,
+                tcc,
+                np.take_along_axis(dz, tcc, -1) - ((1 - eps) * self.wt[rows])[..., None],
+                -1,
+            )
+            np.multiply(dz, gl[rows], out=out[rows], casting="unsafe")
+        return _class_back(out)
 
 
 def _check_ce_shapes(input: Tensor, target: Tensor, name: str) -> bool:
