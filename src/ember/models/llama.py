@@ -35,6 +35,7 @@ import ember
 from ember import nn
 from ember.errors import ShapeError, UnsupportedError
 from ember.nn import functional as F
+from ember.nn.generation import GenerationMixin
 from ember.ops.rope import apply_rotary_qk, rope_inv_freq, rope_tables
 
 
@@ -409,7 +410,7 @@ class DecoderModel(nn.Module):
         setattr(self, n.final_norm, make_norm(spec, spec.hidden_size))
 
 
-class DecoderForCausalLM(nn.Module):
+class DecoderForCausalLM(nn.Module, GenerationMixin):
     """The decoder with its language-model head; subclasses name the family's config class."""
 
     config_class = LlamaConfig
@@ -507,12 +508,6 @@ class DecoderForCausalLM(nn.Module):
         if 0 < past <= orig < past + t:
             return ember.from_numpy(seq)
         return ids
-
-    def generate(self, input_ids, attention_mask=None, **kwargs) -> ember.Tensor:
-        """transformers' `generate`: prompt + new ids, (batch, length); see `generate_ids`."""
-        from ember.generation.generate import generate_ids
-
-        return generate_ids(self, input_ids, attention_mask, **kwargs)
 
     def tie_weights(self) -> None:
         """Make lm_head use the token embedding matrix (dense or quantized)."""
