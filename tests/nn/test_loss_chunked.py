@@ -110,3 +110,20 @@ def test_lm_sized_logits_memory():
     ref = torch.from_numpy(x.detach().numpy()).requires_grad_()
     TF.cross_entropy(ref, torch.from_numpy(t.numpy())).backward()
     assert_close(x.grad, ref.grad, F32, "grad")
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("shape", [(4, 5), (5,)])
+def test_all_ignored_gives_nan_loss_and_zero_grad_like_torch(smoothing, shape):
+    """Nothing counted: the mean is 0/0 (nan) but ignored positions get a zero gradient, as
+    torch's (a nan there would poison the optimizer step of a batch with no labelled token)."""
+    t = np.full(shape[:1] if len(shape) > 1 else (), -100)
+    x = rnd(*shape, low=-3, high=3)
+    xe = ember.from_numpy(x).requires_grad_()
+    xt = torch.from_numpy(x).requires_grad_()
+    out = F.cross_entropy(xe, ember.tensor(t), label_smoothing=smoothing)
+    ref = TF.cross_entropy(xt, torch.from_numpy(t), label_smoothing=smoothing)
+    out.backward()
+    ref.backward()
+    assert np.isnan(out.item()) and np.isnan(ref.item())
+    assert_close(xe.grad, xt.grad, F64, "grad")

@@ -170,7 +170,12 @@ class _CrossEntropy(Function):
                 np.take_along_axis(dz, tcc, -1) - ((1 - eps) * self.wt[rows])[..., None],
                 -1,
             )
-            np.multiply(dz, gl[rows], out=out[rows], casting="unsafe")
+            with np.errstate(invalid="ignore"):  # 0 * nan where nothing counted: zeroed below
+                np.multiply(dz, gl[rows], out=out[rows], casting="unsafe")
+        if not self.valid.all():
+            # ignored positions get no gradient, even where nothing counted and the mean is
+            # 0/0 (torch's rule; 0 * nan would poison an optimizer step)
+            out[~self.valid] = 0
         return _class_back(out)
 
 
