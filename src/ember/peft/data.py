@@ -165,12 +165,29 @@ def batches(examples: Sequence[Example], batch_size: int, pad_id: int = 0) -> li
 
 
 def causal_lm_loss(logits, labels):
-    """Mean cross-entropy of each next token whose label is not -100."""
+    """Mean cross-entropy of each next token whose label is not -100.
+
+    The labels move one place left (the last position gets -100) rather than the logits one
+    place right: ``logits[:, :-1]`` would be copied by the reshape of a batch of several rows,
+    and its backward would allocate a second logits-sized array to put the gradient back into;
+    this way the (batch, seq, vocab) logits are used as they are. The same loss and gradients.
+    """
+    import ember
     from ember.nn import functional as F
 
+    if logits.ndim != 3 or labels.ndim != 2 or tuple(logits.shape[:2]) != tuple(labels.shape):
+        raise ShapeError(
+            f"causal_lm_loss: logits (batch, seq, vocab) and labels (batch, seq), got "
+            f"{tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
+    lab = labels.detach().cpu().numpy()
+    shifted = np.full(lab.shape, IGNORE, np.int64)
+    shifted[:, :-1] = lab[:, 1:]
     v = logits.shape[-1]
     return F.cross_entropy(
-        logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+        logits.reshape(-1, v),
+        ember.from_numpy(shifted.reshape(-1)).to(labels.device),
+        ignore_index=IGNORE,
     )
 
 
