@@ -212,6 +212,9 @@ class Learner:
                 for m in metrics:
                     m.update(detached, target, value)
             self._call("on_batch_end", {"loss": value, "batch": i, "size": size})
+            # the output (an LM's logits: batch x seq x vocab) and the loss go before the next
+            # batch's forward, not after it
+            out = loss = detached = None
         dt = time.perf_counter() - t0
         logs: dict[str, Any] = {"epoch": self.epoch + 1, "train_loss": loss_m.compute()}
         for m in metrics:
@@ -244,6 +247,7 @@ class Learner:
                 loss_m.update(None, target, value)
                 for m in self.metrics:
                     m.update(out, target, value)
+                del out  # before the next batch's forward
         finally:
             self.model.train(was_training)
         return {"loss": loss_m.compute(), **{m.name: m.compute() for m in self.metrics}}
