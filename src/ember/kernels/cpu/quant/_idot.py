@@ -19,14 +19,6 @@ has it. Signed weights use llama.cpp's sign trick: ``|q_w|`` (unsigned) times ``
 Eight int32 lanes per block become floats and accumulate by one FMA with the broadcast
 ``d_w * d_x`` into eight float lanes per (weight row, x row), summed by a fixed tree at the end.
 
-On AVX-512 VNNI (zmm registers; ``state()["pair"]``) the integer formats take two blocks per step
-(``_pair_rows_ir``): the 64 weight bytes are made unsigned (nibbles as they are, Q8_0's q + 128),
-and ``vpdpbusd`` starts each lane from ``-bias * (sum of its 4 x bytes)`` (bias 8 for Q4_0, 128
-for Q8_0, none for Q4_1; ``expand_py`` computes these once per call, with each block's scale
-repeated 8 times), so the lanes are exactly the signed sums without the sign trick, and half as
-many instructions per x row feed 16 float lanes. An odd last block runs the step with its upper
-half zero. The integers are the same; the float sums take another order than the 256-bit path's.
-
 Batch invariance: row i of an M-row product is bitwise the M=1 product of x[i]. Every x row is
 quantized by the same loop, and each (weight row, x row) pair sees the same float operations in
 the same order whatever M is (the x rows are taken G_MAX at a time, each with its own
@@ -240,223 +232,13 @@ def _rows_ir(
     return s
 
 
-def _pair_rows_ir(qtype: str, g: int, nr: int, t: str, start: str, nxt: str) -> list[str]:
-    """``_rows_ir`` on 512-bit VNNI: two blocks per step, no sign trick (see the module doc).
-
-    The 64 weight bytes of blocks (b, b + 1) are unsigned (nibbles, or Q8_0's q + 128) and
-    ``vpdpbusd`` starts from the x row's correction lanes (``-bias * sum`` of each 4 x bytes,
-    precomputed once per call), so the int32 lanes are exactly the signed products; lanes 0-7
-    belong to block b, 8-15 to b + 1, and take their scale from x's expanded scales ``xe``. An
-    odd last block runs the same step with its upper half zero.
-    """
-    _, bs, qoff, kind = SPECS[qtype]
-    v16f, v16i, b64 = "<16 x float>", "<16 x i32>", "<64 x i8>"
-    splat = lambda ty, n, v: "<" + ", ".join([f"{ty} {v}"] * n) + ">"  # noqa: E731
-    ix = lambda seq: "<" + ", ".join(f"i32 {j}" for j in seq) + ">"  # noqa: E731
-    lo_hi = ix([*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
-    pairs = [(i, r) for i in range(nr) for r in range(g)]
-
-    def step(lab: str, full: bool, prev: dict) -> list[str]:
-        """One step at block %{lab}bb (two blocks, or one with a zero upper half)."""
-        o = []
-        for i in range(nr):
-            u = f"{lab}{i}"
-            o += [f"  %wb{u} = getelementptr i8, ptr %{t}wr{i}, i64 %{lab}bo"]
-            o += [f"  %pf{u} = getelementptr i8, ptr %wb{u}, i64 {PREFETCH}"]
-            o += [f"  call void @llvm.prefetch.p0(ptr %pf{u}, i32 0, i32 3, i32 1)"]
-            dws = []
-            for h in range(2 if full else 1):
-                o += [f"  %wh{u}_{h} = getelementptr i8, ptr %wb{u}, i64 {h * bs}"]
-                o += [f"  %dh{u}_{h} = load half, ptr %wh{u}_{h}, align 1"]
-                o += [f"  %dw{u}_{h} = fpext half %dh{u}_{h} to float"]
-                dws.append(f"%dw{u}_{h}")
-                if kind == "u4":
-                    o += [f"  %mp{u}_{h} = getelementptr i8, ptr %wh{u}_{h}, i64 2"]
-                    o += [f"  %mh{u}_{h} = load half, ptr %mp{u}_{h}, align 1"]
-                    o += [f"  %mw{u}_{h} = fpext half %mh{u}_{h} to float"]
-                o += [f"  %qp{u}_{h} = getelementptr i8, ptr %wh{u}_{h}, i64 {qoff}"]
-                if kind == "s8":
-                    o += [f"  %q{u}_{h} = load <32 x i8>, ptr %qp{u}_{h}, align 1"]
-                else:
-                    o += [f"  %q{u}_{h} = load <16 x i8>, ptr %qp{u}_{h}, align 1"]
-            second = dws[1] if full else "0.0"
-            o += [f"  %dv{u}a = insertelement <2 x float> poison, float {dws[0]}, i32 0"]
-            o += [f"  %dv{u}b = insertelement <2 x float> %dv{u}a, float {second}, i32 1"]
-            o += [
-                f"  %dwv{u} = shufflevector <2 x float> %dv{u}b, <2 x float> poison,"
-                f" <16 x i32> {ix([0] * 8 + [1] * 8)}"
-            ]
-            if kind == "s8":
-                hi = f"%q{u}_1" if full else "zeroinitializer"
-                o += [
-                    f"  %qq{u} = shufflevector <32 x i8> %q{u}_0, <32 x i8> {hi},"
-                    f" <64 x i32> {ix(range(64))}"
-                ]
-                # q + 128 as unsigned bytes; an absent half stays 0 (its x bytes are 0 too)
-                flip = splat("i8", 64, -128) if full else "<" + ", ".join(
-                    ["i8 -128"] * 32 + ["i8 0"] * 32) + ">"  # fmt: skip
-                o += [f"  %u{u} = xor {b64} %qq{u}, {flip}"]
-            else:
-                hi = f"%q{u}_1" if full else "zeroinitializer"
-                o += [
-                    f"  %pp{u} = shufflevector <16 x i8> %q{u}_0, <16 x i8> {hi},"
-                    f" <32 x i32> {ix(range(32))}"
-                ]
-                o += [f"  %lo{u} = and <32 x i8> %pp{u}, {splat('i8', 32, 15)}"]
-                o += [f"  %hi{u} = lshr <32 x i8> %pp{u}, {splat('i8', 32, 4)}"]
-                o += [
-                    f"  %u{u} = shufflevector <32 x i8> %lo{u}, <32 x i8> %hi{u}, <64 x i32> {lo_hi}"
-                ]
-            o += [f"  %ub{u} = bitcast {b64} %u{u} to {v16i}"]
-        for r in range(g):  # x row r at the step's first block: 64 (or 32) bytes, lanes, scales
-            x = f"{lab}x{r}"
-            o += [f"  %xp{x} = getelementptr i8, ptr %xq{r}, i64 %{lab}xo"]
-            o += [f"  %lp{x} = getelementptr i32, ptr %xl{r}, i64 %{lab}eo"]
-            o += [f"  %ep{x} = getelementptr float, ptr %xe{r}, i64 %{lab}eo"]
-            if full:
-                o += [f"  %xv{x} = load {b64}, ptr %xp{x}, align 1"]
-                o += [f"  %ev{x} = load {v16f}, ptr %ep{x}, align 4"]
-                if kind != "u4":
-                    o += [f"  %lv{x} = load {v16i}, ptr %lp{x}, align 4"]
-            else:
-                w64 = ix(range(64))
-                o += [f"  %xh{x} = load <32 x i8>, ptr %xp{x}, align 1"]
-                o += [
-                    f"  %xv{x} = shufflevector <32 x i8> %xh{x}, <32 x i8> zeroinitializer, <64 x i32> {w64}"
-                ]
-                o += [f"  %eh{x} = load <8 x float>, ptr %ep{x}, align 4"]
-                o += [
-                    f"  %ev{x} = shufflevector <8 x float> %eh{x}, <8 x float> zeroinitializer, <16 x i32> {ix(range(16))}"
-                ]
-                if kind != "u4":
-                    o += [f"  %lh{x} = load <8 x i32>, ptr %lp{x}, align 4"]
-                    o += [
-                        f"  %lv{x} = shufflevector <8 x i32> %lh{x}, <8 x i32> zeroinitializer, <16 x i32> {ix(range(16))}"
-                    ]
-            o += [f"  %xb{x} = bitcast {b64} %xv{x} to {v16i}"]
-            if kind == "u4":
-                for h in range(2 if full else 1):
-                    o += [f"  %sxp{x}_{h} = getelementptr float, ptr %xs{r}, i64 %{lab}sb{h}"]
-                    o += [f"  %sx{x}_{h} = load float, ptr %sxp{x}_{h}, align 4"]
-        new = {}
-        for i, r in pairs:
-            u, x, w = f"{lab}{i}_{r}", f"{lab}x{r}", f"{lab}{i}"
-            init = f"%lv{x}" if kind != "u4" else "zeroinitializer"
-            o += [
-                f"  %pi{u} = call {v16i} @llvm.x86.avx512.vpdpbusd.512({v16i} {init},"
-                f" {v16i} %ub{w}, {v16i} %xb{x})"
-            ]
-            o += [f"  %pv{u} = sitofp {v16i} %pi{u} to {v16f}"]
-            o += [f"  %dd{u} = fmul {v16f} %dwv{w}, %ev{x}"]
-            a, sacc = prev[i, r]
-            o += [
-                f"  %an{u} = call {v16f} @llvm.fma.v16f32({v16f} %dd{u}, {v16f} %pv{u}, {v16f} {a})"
-            ]
-            snew = sacc
-            if kind == "u4":
-                for h in range(2 if full else 1):
-                    o += [
-                        f"  %sn{u}_{h} = call float @llvm.fma.f32(float %mw{w}_{h},"
-                        f" float %sx{x}_{h}, float {snew})"
-                    ]
-                    snew = f"%sn{u}_{h}"
-            new[i, r] = (f"%an{u}", snew)
-        return o, new
-
-    s = [f"{t}row:", f"  %{t}n = phi i64 [%{t}n0, %{start}], [%{t}n1, %{t}rowend]"]
-    for i in range(nr):
-        s += [f"  %{t}ni{i} = add i64 %{t}n, {i}", f"  %{t}wo{i} = mul i64 %{t}ni{i}, %rowb"]
-        s += [f"  %{t}wr{i} = getelementptr i8, ptr %w, i64 %{t}wo{i}"]
-    s += [f"  br i1 %haspair, label %{t}blk, label %{t}pend"]
-    lab = f"{t}B"
-    s += [f"{t}blk:", f"  %{lab}p = phi i64 [0, %{t}row], [%{lab}p1, %{t}blk]"]
-    prev = {}
-    for i, r in pairs:
-        s += [f"  %{t}a{i}_{r} = phi {v16f} [zeroinitializer, %{t}row], [%an{lab}{i}_{r}, %{t}blk]"]
-        sv = "0.0"
-        if kind == "u4":
-            s += [f"  %{t}s{i}_{r} = phi float [0.0, %{t}row], [%sn{lab}{i}_{r}_1, %{t}blk]"]
-            sv = f"%{t}s{i}_{r}"
-        prev[i, r] = (f"%{t}a{i}_{r}", sv)
-    s += [f"  %{lab}bb = shl i64 %{lab}p, 1", f"  %{lab}bo = mul i64 %{lab}bb, {bs}"]
-    s += [f"  %{lab}xo = shl i64 %{lab}bb, 5", f"  %{lab}eo = shl i64 %{lab}bb, 3"]
-    s += [f"  %{lab}sb0 = add i64 %{lab}bb, 0", f"  %{lab}sb1 = add i64 %{lab}bb, 1"]
-    body, _ = step(lab, True, prev)
-    s += body
-    s += [f"  %{lab}p1 = add i64 %{lab}p, 1", f"  %{lab}pc = icmp ult i64 %{lab}p1, %npair"]
-    s += [f"  br i1 %{lab}pc, label %{t}blk, label %{t}pend", f"{t}pend:"]
-    merged = {}
-    for i, r in pairs:
-        s += [f"  %{t}m{i}_{r} = phi {v16f} [zeroinitializer, %{t}row], [%an{lab}{i}_{r}, %{t}blk]"]
-        sv = "0.0"
-        if kind == "u4":
-            s += [f"  %{t}ms{i}_{r} = phi float [0.0, %{t}row], [%sn{lab}{i}_{r}_1, %{t}blk]"]
-            sv = f"%{t}ms{i}_{r}"
-        merged[i, r] = (f"%{t}m{i}_{r}", sv)
-    s += [f"  br i1 %oddblk, label %{t}tail, label %{t}rowend", f"{t}tail:"]
-    lab = f"{t}T"
-    s += [f"  %{lab}bb = add i64 %lastblk, 0", f"  %{lab}bo = mul i64 %{lab}bb, {bs}"]
-    s += [f"  %{lab}xo = shl i64 %{lab}bb, 5", f"  %{lab}eo = shl i64 %{lab}bb, 3"]
-    s += [f"  %{lab}sb0 = add i64 %{lab}bb, 0"]
-    body, tailed = step(lab, False, merged)
-    s += body
-    s += [f"  br label %{t}rowend", f"{t}rowend:"]
-    idx = lambda *j: ", ".join(f"i32 {v}" for v in j)  # noqa: E731
-    for i, r in pairs:
-        m, e = merged[i, r], tailed[i, r]
-        s += [f"  %{t}f{i}_{r} = phi {v16f} [{m[0]}, %{t}pend], [{e[0]}, %{t}tail]"]
-        if kind == "u4":
-            s += [f"  %{t}fs{i}_{r} = phi float [{m[1]}, %{t}pend], [{e[1]}, %{t}tail]"]
-    for i, r in pairs:  # the lanes summed by a fixed tree, as _rows_ir's
-        u = f"{t}{i}_{r}"
-        acc = f"%{t}f{i}_{r}"
-        s += [f"  %h0{u} = shufflevector {v16f} {acc}, {v16f} poison, <8 x i32> <{idx(*range(8))}>"]
-        s += [
-            f"  %h1{u} = shufflevector {v16f} {acc}, {v16f} poison, <8 x i32> <{idx(*range(8, 16))}>"
-        ]
-        s += [f"  %h2{u} = fadd <8 x float> %h0{u}, %h1{u}"]
-        s += [
-            f"  %ha{u} = shufflevector <8 x float> %h2{u}, <8 x float> poison, <4 x i32> <{idx(0, 1, 2, 3)}>"
-        ]
-        s += [
-            f"  %hb{u} = shufflevector <8 x float> %h2{u}, <8 x float> poison, <4 x i32> <{idx(4, 5, 6, 7)}>"
-        ]
-        s += [f"  %hc{u} = fadd <4 x float> %ha{u}, %hb{u}"]
-        s += [
-            f"  %hd{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{idx(0, 1)}>"
-        ]
-        s += [
-            f"  %he{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{idx(2, 3)}>"
-        ]
-        s += [f"  %hf{u} = fadd <2 x float> %hd{u}, %he{u}"]
-        s += [f"  %hg{u} = extractelement <2 x float> %hf{u}, i32 0"]
-        s += [f"  %hh{u} = extractelement <2 x float> %hf{u}, i32 1"]
-        s += [f"  %t{u} = fadd float %hg{u}, %hh{u}"]
-        out = f"%t{u}"
-        if kind == "u4":
-            s += [f"  %tm{u} = fadd float %t{u}, %{t}fs{i}_{r}"]
-            out = f"%tm{u}"
-        s += [f"  %yq{u} = getelementptr float, ptr %y{r}, i64 %{t}ni{i}"]
-        s += [f"  store float {out}, ptr %yq{u}, align 4"]
-    s += [f"  %{t}n1 = add i64 %{t}n, {nr}", f"  %{t}nn = add i64 %{t}n1, {nr}"]
-    s += [
-        f"  %{t}nc = icmp ule i64 %{t}nn, %{t}end",
-        f"  br i1 %{t}nc, label %{t}row, label %{nxt}",
-    ]
-    return s
-
-
-def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8, pair: bool = False) -> str:
+def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8) -> str:
     """y[r, n] for weight rows n in [r0, r1) and x rows r < g of one format (see module doc).
 
     Two weight rows at a time (two independent FMA chains per x row, each x block loaded once
-    for both), then the odd row alone. pair: the integer formats take two blocks per step in
-    512-bit registers (``_pair_rows_ir``; x's scales and corrections come expanded).
+    for both), then the odd row alone.
     """
     name = f"ember_qdot_{qtype.lower()}_{g}{'_vnni' if vnni else ''}"
-    rows_ir = _rows_ir
-    if pair and qtype in SPECS:
-        rows_ir = lambda q, g, v, nr, t, st, nx, la: _pair_rows_ir(q, g, nr, t, st, nx)  # noqa: E731
     s = [
         f"define void @{name}(i64 %wi, i64 %rowb, i64 %nb, i64 %r0, i64 %r1, i64 %xqi,"
         " i64 %ldx, i64 %xdi, i64 %xsi, i64 %ldd, i64 %yi, i64 %ldy) #0 {",
@@ -478,26 +260,18 @@ def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8, pair: boo
         ]
         s += [f"  %xs{r} = getelementptr float, ptr %xs, i64 %xdo{r}"]
         s += [f"  %yo{r} = mul i64 %ldy, {r}", f"  %y{r} = getelementptr float, ptr %y, i64 %yo{r}"]
-        if rows_ir is not _rows_ir:  # expanded scales (xd's slot) and corrections (xs's slot)
-            s += [f"  %xeo{r} = shl i64 %xdo{r}, 3"]
-            s += [f"  %xe{r} = getelementptr float, ptr %xd, i64 %xeo{r}"]
-            s += [f"  %xl{r} = getelementptr i32, ptr %xs, i64 %xeo{r}"]
-    if rows_ir is not _rows_ir:
-        s += ["  %npair = lshr i64 %nb, 1", "  %haspair = icmp ugt i64 %npair, 0"]
-        s += ["  %nbodd = and i64 %nb, 1", "  %oddblk = icmp ne i64 %nbodd, 0"]
-        s += ["  %lastblk = sub i64 %nb, 1"]
     s += ["  %len = sub i64 %r1, %r0", "  %odd = and i64 %len, 1", "  %Pend = sub i64 %r1, %odd"]
     s += ["  %Pn0 = add i64 %r0, 0", "  %Pany = icmp ult i64 %r0, %Pend"]
     s += ["  br i1 %Pany, label %Prow, label %tail"]
-    s += rows_ir(qtype, g, vnni, 2, "P", "entry", "tail", lanes)
+    s += _rows_ir(qtype, g, vnni, 2, "P", "entry", "tail", lanes)
     s += ["tail:", "  %Send = add i64 %r1, 0", "  %Sn0 = add i64 %Pend, 0"]
     s += ["  %Sany = icmp ult i64 %Pend, %r1", "  br i1 %Sany, label %Srow, label %done"]
-    s += rows_ir(qtype, g, vnni, 1, "S", "tail", "done", lanes)
+    s += _rows_ir(qtype, g, vnni, 1, "S", "tail", "done", lanes)
     s += ["done:", "  ret void", "}"]
     return "\n".join(s)
 
 
-def _declarations(vnni: bool, pair: bool = False) -> list[str]:
+def _declarations(vnni: bool) -> list[str]:
     """The integer intrinsics the kernels use (gemm.jit_ir declares the float ones)."""
     b32 = "<32 x i8>"
     d = [
@@ -509,17 +283,13 @@ def _declarations(vnni: bool, pair: bool = False) -> list[str]:
     ]
     if vnni:
         d += ["declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)"]
-    if pair:
-        d += [
-            "declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)"
-        ]
     return d
 
 
-def module_ir(vnni: bool = False, lanes: int = 8, pair: bool = False) -> list[str]:
+def module_ir(vnni: bool = False, lanes: int = 8) -> list[str]:
     """Every kernel (three formats x 1..G_MAX rows) with the declarations they need."""
-    fns = [_kernel_ir(q, g, vnni, lanes, pair) for q in KERNELS for g in range(1, G_MAX + 1)]
-    return _declarations(vnni, pair) + fns
+    fns = [_kernel_ir(q, g, vnni, lanes) for q in KERNELS for g in range(1, G_MAX + 1)]
+    return _declarations(vnni) + fns
 
 
 def _has_vnni(features: dict, isa: str) -> bool:
@@ -535,7 +305,6 @@ def _has_vnni(features: dict, isa: str) -> bool:
 prange = range  # numba.prange, bound by _build
 _call = None  # _call_py compiled
 _quantize = None  # quantize_rows_py compiled
-_expand = None  # expand_py compiled
 _e = [None] * (len(KERNELS) * G_MAX)  # the kernels (ExternalFunction), format-major
 (_e0, _e1, _e2, _e3, _e4, _e5, _e6, _e7, _e8, _e9, _e10, _e11, _e12, _e13, _e14, _e15) = _e
 
@@ -612,22 +381,7 @@ def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
             xs[i, b] = d * np.float32(t)
 
 
-def expand_py(xq, xd, bias, xe, xl):  # pragma: no cover - compiled
-    """For the paired kernels: each block's scale 8 times (xe) and, per 4 x bytes, -bias times
-    their sum (xl: the int32 lanes ``vpdpbusd`` starts from, undoing the weights' offset)."""
-    m, k = xq.shape
-    for i in range(m):
-        for b in range(k // 32):
-            d = xd[i, b]
-            for j in range(8):
-                o = 32 * b + 4 * j
-                xe[i, 8 * b + j] = d
-                t = np.int32(xq[i, o]) + np.int32(xq[i, o + 1])
-                t += np.int32(xq[i, o + 2]) + np.int32(xq[i, o + 3])
-                xl[i, 8 * b + j] = -bias * t
-
-
-def _driver_py(f, w, x, y, xq, xd, xs, xe, xl, pair, chunk):  # pragma: no cover - compiled
+def _driver_py(f, w, x, y, xq, xd, xs, chunk):  # pragma: no cover - compiled
     """y (M, N) = x @ W.T for W's (N, blocks, bytes) uint8 blocks of format f, x float32 (M, K).
 
     Tasks of ``chunk`` weight rows; with more than G_MAX rows of x a task sweeps its rows in
@@ -647,12 +401,6 @@ def _driver_py(f, w, x, y, xq, xd, xs, xe, xl, pair, chunk):  # pragma: no cover
         xs.ctypes.data,
         y.ctypes.data,
     )
-    de = se = 1  # x-side values per block in the kernels' scale and sum slots (8: expanded)
-    if pair and f != 3:
-        _expand(xq, xd, 128 if f == 0 else 8 if f == 1 else 0, xe, xl)
-        da, de = xe.ctypes.data, 8
-        if f != 2:  # Q4_1's min term reads xs; the others their correction lanes
-            sa, se = xl.ctypes.data, 8
     rowb = nb * bs
     sub = chunk if m <= G_MAX else max(1, min(chunk, SUB_BYTES // rowb))
     for c in prange((n + chunk - 1) // chunk):
@@ -662,8 +410,7 @@ def _driver_py(f, w, x, y, xq, xd, xs, xe, xl, pair, chunk):  # pragma: no cover
             for m0 in range(0, m, G_MAX):
                 g = min(G_MAX, m - m0)
                 o = m0 * nb * 4
-                dp, sp, yp = da + o * de, sa + o * se, ya + m0 * n * 4
-                a = (wa, rowb, nb, s0, s1, qa + m0 * xb, xb, dp, sp, nb, yp, n)
+                a = (wa, rowb, nb, s0, s1, qa + m0 * xb, xb, da + o, sa + o, nb, ya + m0 * n * 4, n)
                 _call(f, g, a)
 
 
@@ -683,7 +430,6 @@ def _build(nb, vnni: bool):
     g["prange"] = nb.prange
     opts = dict(cache=True, nogil=True, error_model="numpy")
     g["_quantize"] = nb.njit(**opts)(quantize_rows_py)  # no fast-math: numpy's roundings
-    g["_expand"] = nb.njit(**opts)(expand_py)
     key = sys.modules[__name__]
     call, drv = vecmath.keyed(_call_py, key), vecmath.keyed(_driver_py, key)
     if vnni:  # the kernel names differ: cache entries of their own (the dispatcher links them)
@@ -708,17 +454,14 @@ def state() -> dict | None:
             if isa is not None:
                 import llvmlite.binding as llvm
 
-                features = llvm.get_host_cpu_features()
-                vnni = _has_vnni(features, isa)
-                pair = isa == "avx512" and bool(features.get("avx512vnni"))
+                vnni = _has_vnni(llvm.get_host_cpu_features(), isa)
                 suffix = "_vnni" if vnni else ""
                 names = [
                     f"ember_qdot_{q.lower()}_{r}{suffix}" for q in KERNELS for r in range(1, 5)
                 ]
                 lanes = G.ISAS[isa][0]  # Q8_0F's accumulators: one vector register
-                engine = G.jit_ir(module_ir(vnni, lanes, pair), names)
-                driver = _build(nb, vnni)
-                _STATE.update(ok=True, engine=engine, vnni=vnni, pair=pair, driver=driver)
+                engine = G.jit_ir(module_ir(vnni, lanes), names)
+                _STATE.update(ok=True, engine=engine, vnni=vnni, driver=_build(nb, vnni))
     return _STATE if _STATE["ok"] else None
 
 
@@ -757,11 +500,7 @@ def driver_args(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> tup
     xq = np.empty((m, k), np.int8)
     xd = np.empty((m, k // 32), np.float32)
     xs = np.empty((m, k // 32), np.float32)
-    pair = _STATE["pair"]
-    e = k // 4 if pair else 1
-    xe, xl = np.empty((m, e), np.float32), np.empty((m, e), np.int32)
-    f = SPECS.get(qtype, FLOAT_SPEC)[0]
-    return _STATE["driver"], (f, w3, x, y, xq, xd, xs, xe, xl, pair)
+    return _STATE["driver"], (SPECS.get(qtype, FLOAT_SPEC)[0], w3, x, y, xq, xd, xs)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
