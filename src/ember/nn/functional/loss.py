@@ -50,9 +50,10 @@ def _picked_weights(t: np.ndarray, weight, ignore_index: int, C: int) -> tuple:
     return valid, tc, np.where(valid, wt, 0.0)
 
 
-# rows of logits one chunk of the index-target cross-entropy covers: about this many elements,
-# so its float32 temporaries stay near 4 MiB whatever the vocabulary (a 49152-class LM head)
-CE_CHUNK_ELEMENTS = 1 << 20
+# rows of logits one chunk of the index-target cross-entropy covers: about this many elements
+# (at least one row), so its temporaries (about 20 bytes an element: the float32 softmax, the
+# float64 scaled gradient) stay near 1 MiB whatever the vocabulary (a 49152-class LM head)
+CE_CHUNK_ELEMENTS = 1 << 16
 
 
 def _row_chunks(z: np.ndarray) -> list:
