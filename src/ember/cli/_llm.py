@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ember.cli._args import finite_float, int_at_least, non_empty
 from ember.errors import EmberError
@@ -16,13 +18,110 @@ DEFAULT_MAX_TOKENS = 256  # when --max-tokens is not given (less if the context 
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
 
 
+@dataclass(frozen=True)
+class LoraSpec:
+    """One --lora FILE[:SCALE]: the adapter's path as given and its scale."""
+
+    path: str
+    scale: float = 1.0
+
+    def describe(self) -> dict:
+        """The adapter as /v1/models and --json report it."""
+        return {"path": self.path, "scale": self.scale}
+
+
+def lora_spec(text: str) -> LoraSpec:
+    """An argparse type: FILE[:SCALE], SCALE a finite number (default 1); a path is never split."""
+    if text == "":
+        raise argparse.ArgumentTypeError("expected FILE[:SCALE], got an empty string")
+    path, colon, tail = text.rpartition(":")
+    # "C:\\a.gguf" and "dir:x/a.gguf" have no scale; neither has a file whose name holds ':'
+    if not colon or "/" in tail or "\\" in tail or Path(text).expanduser().exists():
+        return LoraSpec(text)
+    if not path:
+        raise argparse.ArgumentTypeError(f"expected FILE[:SCALE], got {text!r} (no FILE)")
+    try:
+        scale = float(tail)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"SCALE must be a number, got {tail!r} in {text!r} (FILE[:SCALE])"
+        ) from None
+    if not math.isfinite(scale):
+        raise argparse.ArgumentTypeError(f"SCALE must be finite, got {tail!r} in {text!r}")
+    return LoraSpec(path, scale)
+
+
+lora_spec.__name__ = "FILE[:SCALE]"
+
+
+def add_lora(p: argparse.ArgumentParser) -> None:
+    """--lora FILE[:SCALE] (repeatable), as llama.cpp's --lora / --lora-scaled."""
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        type=lora_spec,
+        metavar="FILE[:SCALE]",
+        help="apply a LoRA adapter: a llama.cpp LoRA GGUF or a peft adapter folder, its update "
+        "times SCALE (default 1); repeatable, the adapters add up. They stay unmerged beside "
+        "the (quantized) base weights, as llama.cpp keeps them",
+    )
+
+
+def check_loras(specs: Sequence[LoraSpec]) -> list[tuple[LoraSpec, str]]:
+    """(spec, 'gguf' | 'peft') per --lora, or an EmberError naming the flag (headers read only)."""
+    from ember.peft.adapters import locate_adapter
+
+    out = []
+    for spec in specs:
+        try:
+            kind, _ = locate_adapter(spec.path)
+        except FileNotFoundError:
+            raise EmberError(f"--lora {spec.path!r}: no such file or folder") from None
+        except OSError as e:
+            raise EmberError(f"--lora {spec.path!r}: {e.strerror or e}") from None
+        except EmberError as e:
+            raise _naming_flag(e, spec.path) from None
+        out.append((spec, kind))
+    return out
+
+
+def _naming_flag(e: EmberError, path: str) -> EmberError:
+    """The same kind of error, its message as '--lora <path>: reason' (the path said once)."""
+    message = str(e)
+    message = f"--lora {message if message.startswith(path) else f'{path}: {message}'}"
+    try:
+        return type(e)(message)
+    except TypeError:  # an error class with other constructor arguments
+        return EmberError(message)
+
+
+def apply_loras(model, specs: Sequence[LoraSpec]):
+    """The model with every --lora adapter on it (unmerged; the model itself when none)."""
+    if not specs:
+        return model
+    from ember.peft.adapters import load_adapter
+
+    adapted = model
+    for spec in specs:
+        try:
+            adapted = load_adapter(adapted, spec.path, spec.scale)
+        except FileNotFoundError:
+            raise EmberError(f"--lora {spec.path!r}: no such file or folder") from None
+        except EmberError as e:
+            raise _naming_flag(e, spec.path) from None
+    # the adapted module tree itself: the wrapper adds a call and attribute look-ups per step
+    return adapted.get_base_model()
+
+
 def add_model_and_sampling(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    """--model, --threads, --max-tokens, --stop, --stats and every sampler option."""
+    """--model, --lora, --threads, --max-tokens, --stop, --stats and every sampler option."""
     d = {**GREEDY, **(defaults or {})}
     p.add_argument(
         "--model",
         help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
     )
+    add_lora(p)
     p.add_argument(
         "--max-tokens",
         type=int_at_least(1),
@@ -121,22 +220,24 @@ def sampling_from(args):
 
 
 def load(args):
-    """(model, tokenizer) from --model or the bundled default."""
+    """(model, tokenizer) from --model or the bundled default, with the --lora adapters on."""
     from ember.generation.tokenizer import Tokenizer
     from ember.models import AutoModelForCausalLM
     from ember.models.hub import resolve
 
+    loras = getattr(args, "lora", None) or []
     if args.threads:
         import ember
 
         ember.set_num_threads(args.threads)
     path = resolve(args.model)
+    check_loras(loras)  # before the model: a wrong path fails at once
     model = AutoModelForCausalLM.from_pretrained(path)
     if getattr(model, "gguf_metadata", None) is not None:
         tok = Tokenizer.from_gguf_metadata(model.gguf_metadata)
     else:
         tok = Tokenizer.from_pretrained(path)
-    return model, tok
+    return apply_loras(model, loras), tok
 
 
 def context_of(model) -> int:

@@ -75,6 +75,7 @@ def run(args) -> int:
                     "model": str(resolve(args.model)),
                     "prompt": prompt,
                     "chat_template": templated,
+                    **({"adapters": [a.describe() for a in args.lora]} if args.lora else {}),
                     "text": c.text,
                     "finish_reason": c.finish_reason,
                     "usage": {

@@ -2,6 +2,7 @@
 
 ember serve                                     # bundled SmolLM2 on 127.0.0.1:8000
 ember serve --model m.gguf --port 9000 --api-key secret --embedding-model
+ember serve --lora adapter.gguf:0.8 --lora peft-adapter-dir       # LoRA adapters on the model
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import signal
 import sys
 
 from ember.cli._args import existing_dir, existing_file, finite_float, int_at_least
+from ember.cli._llm import add_lora
 from ember.cli._text import echo
 from ember.errors import EmberError
 
@@ -25,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
     )
+    add_lora(p)
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -158,6 +161,25 @@ def _check(args) -> None:
         raise EmberError(f"--timeout must be > 0, got {args.timeout}")
     if not 0 <= args.port <= 65535:
         raise EmberError(f"--port must be in [0, 65535], got {args.port}")
+    if args.ray and args.lora:
+        raise EmberError(
+            "--lora is not supported with --ray yet; serve the adapted model without --ray"
+        )
+
+
+class _Formatter(logging.Formatter):
+    """The log's format; an ember error (a bad file or adapter) is its message, no traceback,
+    unless --debug (the command's last line says what failed)."""
+
+    def __init__(self, fmt: str, debug: bool) -> None:
+        super().__init__(fmt)
+        self.debug = debug
+
+    def formatException(self, ei) -> str:
+        """The traceback, or nothing for an EmberError without --debug."""
+        if not self.debug and isinstance(ei[1], EmberError):
+            return ""
+        return super().formatException(ei)
 
 
 def run(args) -> int:
@@ -184,10 +206,11 @@ def run(args) -> int:
         raise EmberError(
             f"ember serve needs the 'serve' extra ({e.name} is missing): pip install 'ember[serve]'"
         ) from e
-    from ember.cli._llm import load
+    from ember.cli._llm import check_loras, load
     from ember.models.hub import resolve
 
     model_path = resolve(args.model)  # fails now, not on the loading thread
+    check_loras(args.lora)  # the files (whether they fit the model is known once it loads)
     if args.embedding_model:
         existing_dir(args.embedding_model, "--embedding-model")
 
@@ -210,6 +233,7 @@ def run(args) -> int:
         prefill_chunk=args.prefill_chunk,
         timeout=args.timeout,
         served_model_name=args.served_model_name,
+        adapters=tuple(a.describe() for a in args.lora),
     )
     failed: list[str] = []
 
@@ -229,7 +253,7 @@ def run(args) -> int:
 
     logging.getLogger("ember.serve").setLevel(args.log_level.upper())
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    handler.setFormatter(_Formatter("%(levelname)s:     %(message)s", args.debug))
     logging.getLogger("ember.serve").addHandler(handler)
     server = Server(
         uvicorn.Config(

@@ -68,6 +68,8 @@ class ServeConfig:
     prefill_chunk: int = 256
     timeout: float | None = None
     served_model_name: str | None = None
+    # the LoRA adapters applied to the model at load ({"path", "scale"} each; /v1/models shows them)
+    adapters: tuple[dict, ...] = ()
 
 
 @dataclass
@@ -277,6 +279,7 @@ def _model_cards(state: ServerState) -> list[dict]:
                 "created": state.created,
                 "owned_by": "ember",
                 "max_model_len": state.limits.context_length,
+                **({"adapters": list(state.config.adapters)} if state.config.adapters else {}),
             }
         )
         if state.embed_name is not None:
