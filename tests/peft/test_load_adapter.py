@@ -135,3 +135,16 @@ def test_scaling_what_is_not_a_lora_pair_is_refused(tiny, tmp_path):  # noqa: F8
     with pytest.raises(UnsupportedError, match="lm_head"):  # two copies of one module
         load_adapter(pm, tmp_path / "mts")
     assert active_adapters(pm) == ["default"]
+
+
+def test_all_linear_second_adapter_covers_layers_an_earlier_one_wrapped():
+    """peft's "all-linear" rule picks a linear that already carries an adapter."""
+    from ember.models.hub import default_model_path
+    from ember.peft import get_peft_model
+    from ember.peft.model import target_module_names
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_path())
+    pm = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    every = target_module_names(pm.base_model.model, LoraConfig(target_modules="all-linear"))
+    assert any(k.endswith("self_attn.q_proj") for k in every)
+    assert any(k.endswith("mlp.down_proj") for k in every)

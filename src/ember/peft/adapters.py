@@ -102,10 +102,6 @@ def _load_peft_dir(model, peft_model, directory: Path, scale: float, name: str):
             pm.unload()  # the model as it came
             raise
         return pm
-    if cfg.target_modules == "all-linear":
-        # the layers an earlier adapter wrapped are LoraLinears, which "all-linear" (nn.Linear /
-        # QLinear) would skip: name every linear the plain model had, as peft's rule picks them
-        cfg.target_modules = _all_linear(peft_model.base_model.model)
     peft_model.base_model.inject_adapter(cfg, name)
     try:
         load_adapter_weights(peft_model, directory, name)
@@ -113,19 +109,6 @@ def _load_peft_dir(model, peft_model, directory: Path, scale: float, name: str):
         peft_model.delete_adapter(name)
         raise
     return peft_model
-
-
-def _all_linear(model) -> list[str]:
-    """The paths "all-linear" picks in the model as it was before any adapter wrapped it."""
-    from ember.peft.layer import LoraLinear, is_linear
-    from ember.peft.model import _INTERNAL, _is_output_head
-
-    return [
-        k
-        for k, m in model.named_modules()
-        if k and not _INTERNAL.search(k) and not _is_output_head(k)
-        and (is_linear(m) or isinstance(m, LoraLinear))
-    ]  # fmt: skip
 
 
 def active_adapters(peft_model) -> list[str]:

@@ -64,7 +64,9 @@ def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
         ):
             continue
         if tm == "all-linear":
-            hit = is_linear(mods[key]) and not _is_output_head(key)
+            # a layer that already carries an adapter is still one of the model's linears
+            linear = is_linear(mods[key]) or isinstance(mods[key], LoraLinear)
+            hit = linear and not _is_output_head(key)
         elif isinstance(tm, str):
             hit = re.fullmatch(tm, key) is not None
         else:
