@@ -30,9 +30,9 @@ and blocks K so that the panel rows in use stay in L1 (see its docstring).
 
 Behind ops: a weight packed once is a ``PackedWeight`` (an ndarray with the weight's values that
 carries its panels; ember.inference.pack makes them), and the ops pick the GEMM by that weight
-type: ``linear_packed`` here is the ``linear`` op's kernel (up to ``LINEAR_MAX_ROWS`` rows;
-taller products go to OpenBLAS), kernels.cpu.conv has those of
-``conv2d`` and ``fused_conv2d`` (the implicit GEMM over NHWC input).
+type: ``linear_packed`` here is the ``linear`` op's kernel (any number of rows),
+kernels.cpu.conv has those of ``conv2d`` and ``fused_conv2d`` (the implicit GEMM over NHWC
+input).
 
 Every entry point has a numpy reference (``gemm_reference``, ``linear_reference``) that tests
 compare against; where llvmlite/numba or AVX2+FMA are missing (EMBER_NO_NUMBA=1) nothing is
@@ -592,20 +592,13 @@ def linear_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) 
     return out if b is None else out + b
 
 
-# Above this many rows the linear op's numpy path (OpenBLAS) runs instead: there the product
-# is compute-bound and OpenBLAS's packed-A loop beats these strided-A tiles; below it, reading
-# the prepacked weight once wins (a one-off sweep of MiniLM's shapes with cold weights put the
-# crossover between 128 and 256 rows; bench/embed.py is the measurement of record).
-LINEAR_MAX_ROWS = 128
-
-
+# Every row count runs here, tall products too: alone, OpenBLAS's packed-A loop is level or a
+# little ahead above a few hundred rows, but in a model its idle workers spin on the cores that
+# the numba kernels between the products (attention, norms) then wait for (Whisper tiny.en's
+# encoder, 1500 rows, 2 threads: 576-588 ms vs 772-796 with tall linears on OpenBLAS; MiniLM,
+# 32 sentences: 137-182 vs 284-292 ms; bench/RESULTS.md).
 def _linear_applies(x, w, b=None) -> bool:
-    return (
-        packed_panels(w) is not None
-        and w.ndim == 2
-        and x.ndim >= 1
-        and x.size <= LINEAR_MAX_ROWS * w.shape[1]
-    )
+    return packed_panels(w) is not None and w.ndim == 2 and x.ndim >= 1
 
 
 @register(
