@@ -64,6 +64,79 @@ def _row_chunks(z: np.ndarray) -> list:
     return [slice(i, min(n, i + step)) for i in range(0, n, step)]
 
 
+class _CERows:
+    """The index-target cross-entropy of logits rows (class last), a chunk of rows at a time.
+
+    ``forward(z)`` gives the per-row losses and keeps each row's max and log-sum-exp;
+    ``grad(z, gl, out)`` recomputes the softmax from them and writes the gradient into out
+    (which may be z itself: a chunk is read before it is written). ``z`` may be a block of rows
+    of the whole (``start``): the fused linear + cross-entropy feeds one block at a time.
+    """
+
+    def __init__(self, valid, tc, wt, w, smoothing: float, C: int, ct) -> None:
+        self.valid, self.tc, self.wt, self.w, self.eps, self.C = valid, tc, wt, w, smoothing, C
+        self.m = np.empty(tc.shape + (1,), ct)
+        self.logs = np.empty(tc.shape + (1,), ct)
+        self.loss = np.empty(tc.shape, np.result_type(ct, wt.dtype))
+        self.denom = float(wt.sum()) if w is not None else float(valid.sum())
+
+    def _chunks(self, z: np.ndarray, start: int) -> list:
+        if not z.size:
+            return []
+        if z.ndim < 2:
+            return [(Ellipsis, Ellipsis)]
+        return [(sl, slice(start + sl.start, start + sl.stop)) for sl in _row_chunks(z)]
+
+    def forward(self, z: np.ndarray, start: int = 0) -> np.ndarray:
+        """Per-row losses of z's rows (kept for all rows in ``self.loss``)."""
+        eps, C, w = self.eps, self.C, self.w
+        for local, rows in self._chunks(z, start):
+            zc = up(z[local])
+            m = zc.max(axis=-1, keepdims=True)
+            logp = zc - m
+            logs = np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+            logp -= logs
+            self.m[rows], self.logs[rows] = m, logs
+            picked = np.take_along_axis(logp, self.tc[rows][..., None], axis=-1)[..., 0]
+            lc = -self.wt[rows] * picked
+            if eps > 0:
+                smooth = -(logp * w).sum(-1) if w is not None else -logp.sum(-1)
+                lc = (1 - eps) * lc + (eps / C) * np.where(self.valid[rows], smooth, 0.0)
+            self.loss[rows] = lc
+        if not z.size and start == 0:
+            self.loss = -self.wt * np.zeros(self.tc.shape, self.m.dtype)
+        return self.loss
+
+    def grad(self, z: np.ndarray, gl: np.ndarray, out: np.ndarray, start: int = 0) -> None:
+        """d(loss)/d(z) for z's rows into out; gl: the per-row output gradient (..., 1)."""
+        eps, C, w = self.eps, self.C, self.w
+        for local, rows in self._chunks(z, start):
+            p = up(z[local]) - self.m[rows]
+            p -= self.logs[rows]
+            np.exp(p, out=p)  # this chunk's softmax
+            s = self.wt[rows] * (1 - eps)
+            if eps > 0:
+                tot = w.sum() if w is not None else C
+                s = s + self.valid[rows] * (eps / C) * tot
+            dz = p * s[..., None]
+            if eps > 0:
+                dz -= (eps / C) * (w if w is not None else 1.0) * self.valid[rows][..., None]
+            tcc = self.tc[rows][..., None]
+            np.put_along_axis(
+                dz,
+                tcc,
+                np.take_along_axis(dz, tcc, -1) - ((1 - eps) * self.wt[rows])[..., None],
+                -1,
+            )
+            with np.errstate(invalid="ignore"):  # 0 * nan where nothing counted: zeroed below
+                np.multiply(dz, gl[rows], out=out[local], casting="unsafe")
+            ignored = ~self.valid[rows]
+            if ignored.any():
+                # ignored positions get no gradient, even where nothing counted and the mean
+                # is 0/0 (torch's rule; 0 * nan would poison an optimizer step)
+                out[local][ignored] = 0
+
+
 class _CrossEntropy(Function):
     """log_softmax over the class dim + weighted NLL, label smoothing; backward softmax - target.
 
@@ -108,32 +181,12 @@ class _CrossEntropy(Function):
         ct = up(z[:0]).dtype
         w = None if weight is None else weight.astype(ct)
         valid, tc, wt = _picked_weights(target, w, ignore_index, C)
-        loss = np.empty(tc.shape, np.result_type(ct, wt.dtype))
-        m_all = np.empty(z.shape[:-1] + (1,), ct)
-        logs_all = np.empty(z.shape[:-1] + (1,), ct)
-        for sl in _row_chunks(z) if z.size else []:
-            rows = sl if z.ndim >= 2 else Ellipsis
-            zc = up(z[rows])
-            m = zc.max(axis=-1, keepdims=True)
-            logp = zc - m
-            logs = np.log(np.exp(logp).sum(axis=-1, keepdims=True))
-            logp -= logs
-            m_all[rows], logs_all[rows] = m, logs
-            tcc, wtc = tc[rows], wt[rows]
-            picked = np.take_along_axis(logp, tcc[..., None], axis=-1)[..., 0]
-            lc = -wtc * picked
-            if smoothing > 0:
-                smooth = -(logp * w).sum(-1) if w is not None else -logp.sum(-1)
-                lc = (1 - smoothing) * lc + (smoothing / C) * np.where(valid[rows], smooth, 0.0)
-            loss[rows] = lc
-        if not z.size:
-            loss = -wt * np.zeros(tc.shape, ct)
-        denom = float(wt.sum()) if w is not None else float(valid.sum())
+        rows = _CERows(valid, tc, wt, w, smoothing, C, ct)
+        loss = rows.forward(z)
         self.C, self.reduction, self.smoothing, self.w = C, reduction, smoothing, w
-        self.x, self.m, self.logs = x, m_all, logs_all
-        self.valid, self.tc, self.wt = valid, tc, wt
-        self.denom, self.lshape, self.target = denom, loss.shape, target
-        return _reduce_arr(loss, reduction, denom).astype(x.dtype, copy=False)
+        self.x, self.rows = x, rows
+        self.denom, self.lshape, self.target = rows.denom, loss.shape, target
+        return _reduce_arr(loss, reduction, rows.denom).astype(x.dtype, copy=False)
 
     def backward(self, g):
         gl = _grad_scale(up(g), self.reduction, self.denom, self.lshape)[..., None]
@@ -149,34 +202,9 @@ class _CrossEntropy(Function):
         return gx, gt
 
     def _backward_indices(self, gl):
-        eps, C, w = self.smoothing, self.C, self.w
         z = _class_last(self.x)
         out = np.empty(z.shape, self.x.dtype)  # the gradient, in the logits' dtype
-        s_all = self.wt * (1 - eps)
-        if eps > 0:
-            tot = w.sum() if w is not None else C
-            s_all = s_all + self.valid * (eps / C) * tot
-        for sl in _row_chunks(z) if z.size else []:
-            rows = sl if z.ndim >= 2 else Ellipsis
-            p = up(z[rows]) - self.m[rows]
-            p -= self.logs[rows]
-            np.exp(p, out=p)  # this chunk's softmax
-            dz = p * s_all[rows][..., None]
-            if eps > 0:
-                dz -= (eps / C) * (w if w is not None else 1.0) * self.valid[rows][..., None]
-            tcc = self.tc[rows][..., None]
-            np.put_along_axis(
-                dz,
-                tcc,
-                np.take_along_axis(dz, tcc, -1) - ((1 - eps) * self.wt[rows])[..., None],
-                -1,
-            )
-            with np.errstate(invalid="ignore"):  # 0 * nan where nothing counted: zeroed below
-                np.multiply(dz, gl[rows], out=out[rows], casting="unsafe")
-        if not self.valid.all():
-            # ignored positions get no gradient, even where nothing counted and the mean is
-            # 0/0 (torch's rule; 0 * nan would poison an optimizer step)
-            out[~self.valid] = 0
+        self.rows.grad(z, gl, out)
         return _class_back(out)
 
 
@@ -240,6 +268,154 @@ def cross_entropy(
     if target.dtype != input.dtype:
         target = target.to(input.dtype)
     return _CrossEntropy.apply(input, target, target=None, **kw)
+
+
+# logits one block of the fused linear + cross-entropy computes at once (8 MiB of float32):
+# rows enough for one BLAS product per block, far fewer than a long sequence's
+LINEAR_CE_BLOCK_ELEMENTS = 1 << 21
+
+
+class _LinearCrossEntropy(Function):
+    """cross_entropy(linear(h, W, b), target) a block of rows at a time; W dense or quantized.
+
+    Forward keeps each row's max and log-sum-exp (``_CERows``), not the logits; backward
+    computes each block's logits again, turns them into their gradient in place and takes it
+    back through the same ``linear`` (the quantized transposed product for a QTensor, BLAS for
+    a dense W), so neither the (N, C) logits nor their gradient ever exists whole.
+    """
+
+    def forward(self, h, *params, qweight, has_bias, target, ignore_index, smoothing, reduction):
+        self.h, self.params, self.qweight, self.has_bias = h, params, qweight, has_bias
+        C = int(qweight.shape[0]) if qweight is not None else params[0].shape[0]
+        ct = up(h[:0]).dtype
+        valid, tc, wt = _picked_weights(target, None, ignore_index, C)
+        self.rows = rows = _CERows(valid, tc, wt, None, smoothing, C, ct)
+        for r0, r1 in self._blocks(h.shape[0], C):
+            # recorded as backward records it (then dropped): the same dispatch, the same logits
+            rows.forward(self._logits(h[r0:r1], (0,))[0]._data, r0)
+        if not h.shape[0]:
+            rows.forward(np.zeros((0, C), ct))
+        self.reduction, self.denom, self.lshape = reduction, rows.denom, tc.shape
+        return _reduce_arr(rows.loss, reduction, rows.denom).astype(h.dtype, copy=False)
+
+    @staticmethod
+    def _blocks(n: int, C: int) -> list:
+        step = max(1, LINEAR_CE_BLOCK_ELEMENTS // max(C, 1))
+        return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+
+    def _logits(self, hc: np.ndarray, need: tuple) -> tuple:
+        """(logits tensor, leaves): one block's linear, recorded for the leaves ``need`` names
+        (0: h, 1: a dense W, 2: b) so backward can take the gradient through it."""
+        from ember.autograd import enable_grad
+        from ember.device import CPU
+        from ember.ops.linalg import linear
+
+        def leaf(a, i):
+            t = Tensor._wrap(a, CPU)
+            return t.requires_grad_() if i in need else t
+
+        ht = leaf(hc, 0)
+        w = self.qweight if self.qweight is not None else leaf(self.params[0], 1)
+        b = leaf(self.params[-1], 2) if self.has_bias else None
+        with enable_grad():
+            z = linear(ht, w, b)
+        leaves = [t for t, i in ((ht, 0), (w, 1), (b, 2)) if i in need]
+        return z, leaves
+
+    def backward(self, g):
+        from ember.autograd import grad as autograd_grad
+
+        gl = _grad_scale(up(g), self.reduction, self.denom, self.lshape)[..., None]
+        h, rows, dense = self.h, self.rows, self.qweight is None
+        slots = [0] + ([1] if dense else []) + ([2] if self.has_bias else [])
+        need = tuple(s for s, n in zip(slots, self.needs_input_grad) if n)
+        acc = {s: None for s in need}
+        for r0, r1 in self._blocks(h.shape[0], rows.C):
+            z, leaves = self._logits(h[r0:r1], need)
+            rows.grad(z._data, gl, z._data, r0)  # the logits become their gradient, in place
+            got = autograd_grad(z, leaves, grad_outputs=z._data, allow_unused=True)
+            for s, gs in zip(need, got):
+                if gs is None:
+                    continue
+                if s == 0:
+                    if acc[0] is None:
+                        acc[0] = np.empty(h.shape, gs._data.dtype)
+                    acc[0][r0:r1] = gs._data
+                elif acc[s] is None:
+                    acc[s] = gs._data
+                else:
+                    acc[s] += gs._data
+            del z, leaves, got  # before the next block's logits, not after
+        out = []
+        for s in slots:
+            a = acc.get(s)
+            if a is None and s in need:  # no rows: a zero gradient
+                a = np.zeros_like(h if s == 0 else self.params[0 if s == 1 else -1])
+            out.append(a)
+        return tuple(out)
+
+
+def linear_cross_entropy(
+    input: Tensor,
+    weight,
+    target: Tensor,
+    bias: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """``cross_entropy(linear(input, weight, bias), target)`` without the logits: a language
+    model's loss straight from its last hidden states (..., H) and head weight (C, H).
+
+    Runs a block of rows at a time in forward and backward (which computes each block's logits
+    once more), so the (tokens, vocab) float32 logits and their gradient are never whole: the
+    extra memory is one block (``LINEAR_CE_BLOCK_ELEMENTS``). ``weight`` may be a QTensor (its
+    quantized kernels run, and it gets no gradient) or a float32/float64 Tensor (it gets one);
+    other dtypes run the plain composition.
+    """
+    from ember.ops.linalg import linear
+
+    reduction = check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if not input.is_floating_point():
+        raise DTypeError(f"linear_cross_entropy: expected a float input, got {input.dtype}")
+    if target.is_floating_point():
+        raise DTypeError(
+            f"linear_cross_entropy: expected class indices (an integer target), got {target.dtype}"
+        )
+    if input.ndim == 0 or tuple(target.shape) != tuple(input.shape[:-1]):
+        raise ShapeError(
+            f"linear_cross_entropy: target of shape {tuple(target.shape)} does not fit input of "
+            f"shape {tuple(input.shape)} (expected {tuple(input.shape[:-1])})"
+        )
+    quantized = type(weight) is not Tensor and hasattr(weight, "matmul_t")
+    wshape = tuple(int(d) for d in weight.shape)
+    if len(wshape) != 2 or wshape[1] != input.shape[-1]:
+        raise ShapeError(
+            f"linear_cross_entropy: input of shape {tuple(input.shape)} does not fit a weight "
+            f"{wshape} (expected input[..., {wshape[-1] if wshape else '?'}])"
+        )
+    kw = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+    f64 = (np.dtype(np.float32), np.dtype(np.float64))
+    lean = (
+        input._device.type == "cpu"
+        and input._data.dtype in f64
+        and (quantized or weight._data.dtype == input._data.dtype)
+        and (bias is None or bias._data.dtype == input._data.dtype)
+    )
+    if not lean:
+        logits = linear(input, weight, bias)
+        out = cross_entropy(logits.reshape(-1, wshape[0]), target.reshape(-1), **kw)
+        return out.reshape(tuple(target.shape)) if reduction == "none" else out
+    h = input.reshape(-1, wshape[1])
+    t = np.asarray(target._data).reshape(-1).astype(np.int64, copy=False)
+    tensors = [h] + ([] if quantized else [weight]) + ([bias] if bias is not None else [])
+    out = _LinearCrossEntropy.apply(
+        *tensors, qweight=weight if quantized else None, has_bias=bias is not None, target=t,
+        ignore_index=ignore_index, smoothing=label_smoothing, reduction=reduction,
+    )  # fmt: skip
+    return out.reshape(tuple(target.shape)) if reduction == "none" else out
 
 
 class _NLL(Function):
@@ -611,6 +787,7 @@ def multilabel_soft_margin_loss(
 
 __all__ = [
     "cross_entropy",
+    "linear_cross_entropy",
     "nll_loss",
     "mse_loss",
     "l1_loss",
