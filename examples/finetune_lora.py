@@ -1,21 +1,24 @@
-"""QLoRA from Python: teach the bundled SmolLM2 (Q4_1, its weights stay quantized) an answer format.
+"""QLoRA from Python: teach the bundled SmolLM2 (Q4_1, its weights stay quantized) a task.
 
-The task: "Label: <word>" must be answered "[WORD]" (the word upper-cased in brackets), which the
-instruct model does not do by itself. Training words and held-out words are disjoint; the script
-prints the held-out exact-match accuracy before and after training, writes the adapter (peft's
-files and a llama.cpp LoRA GGUF) and shows it loaded back.
+The task is examples/data/orders (written by examples/data/make_orders.py): a customer's message
+must be answered with the order as one line of JSON, ``{"item": ..., "qty": ..., "city": ...}``,
+which the instruct model does not do by itself. The held-out records name items and cities that
+no training record does. The script scores the held-out exact match before and after training
+(``ember.peft.eval.exact_match``, as ``ember finetune --eval`` does), writes the adapter (peft's
+files and a llama.cpp LoRA GGUF) and shows both loaded back.
 
-    .venv/bin/python examples/finetune_lora.py [--epochs 2] [--train 80] [--test 30] [--out DIR]
+    .venv/bin/python examples/finetune_lora.py [--epochs 1] [--lr 2e-3] [--batch-size 8]
+        [--checkpointing] [--data examples/data/orders] [--out DIR]
+
+The defaults are those of the `ember finetune --eval` run in docs/finetuning.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 
 import ember
-from ember.generation.generate import generate_tokens
 from ember.generation.tokenizer import Tokenizer
 from ember.models import AutoModelForCausalLM
 from ember.models.hub import default_model_path
@@ -27,81 +30,59 @@ from ember.peft import (
     prepare_model_for_kbit_training,
     save_gguf_adapter,
 )
-from ember.peft.data import batches, causal_lm_loss, encode_record
+from ember.peft.data import batches, causal_lm_loss, encode_file
+from ember.peft.eval import exact_match, read_eval_file, split_record
 from ember.train import Learner
 
-WORDS = """apple river stone cloud tiger lemon window garden pencil rocket silver forest
-candle bridge planet coffee dragon market violin mirror island summer winter autumn spring
-castle pepper butter guitar hammer ladder magnet needle orange parrot rabbit saddle tomato
-velvet wallet yellow zipper anchor basket cactus donkey engine falcon ginger harbor igloo
-jacket kettle lizard meadow napkin oyster pillow quartz ribbon spider tunnel umbrella valley
-walnut yogurt bamboo cobalt desert ember fossil glacier helmet insect jungle koala lantern
-marble nectar orchid pirate quiver rhythm sphinx temple unicorn vortex whisker xenon yacht
-zebra almond beacon cinder dolphin eclipse feather goblin hollow iris jasmine kayak lotus
-mango nutmeg olive pebble quill raven salmon thistle tulip urchin vanilla willow""".split()
-
-
-def record(word: str) -> dict:
-    """One chat record of the task."""
-    return {"prompt": f"Label: {word}", "completion": f"[{word.upper()}]"}
-
-
-def exact_match(model, tok, words: list[str]) -> float:
-    """Share of words whose greedy answer is exactly "[WORD]"."""
-    hits = 0
-    for w in words:
-        msgs = [{"role": "user", "content": f"Label: {w}"}]
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        out = []
-        for (t,) in generate_tokens(model, ids, 8, stop_token_ids=[tok.eos_token_id]):
-            if t is None or t == tok.eos_token_id:
-                break
-            out.append(t)
-        hits += tok.decode(out, skip_special_tokens=True).strip() == f"[{w.upper()}]"
-    return hits / len(words)
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "orders")
 
 
 def main() -> None:
     """Train, score before and after, save and reload the adapter."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--train", type=int, default=80, help="training words")
-    p.add_argument("--test", type=int, default=30, help="held-out words")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--checkpointing", action="store_true", help="gradient checkpointing (less memory, slower)"
+    )
+    p.add_argument("--data", default=DATA, help="folder with train.jsonl and test.jsonl")
     p.add_argument("--out", default="finetune-example")
     args = p.parse_args()
-    words = list(WORDS)
-    random.Random(0).shuffle(words)
-    test, train = words[: args.test], words[args.test : args.test + args.train]
     ember.manual_seed(0)
 
     model = AutoModelForCausalLM.from_pretrained(default_model_path())
     tok = Tokenizer.from_gguf_metadata(model.gguf_metadata)
-    with ember.no_grad():
-        before = exact_match(model, tok, test)
-    print(f"held-out exact match before: {before:.0%}")
+    train = encode_file(tok, os.path.join(args.data, "train.jsonl"), max_length=512)
+    test = read_eval_file(os.path.join(args.data, "test.jsonl"))
+    before = exact_match(model, tok, test)  # greedy, batched; the model's eval mode
+    print(f"held-out exact match before: {before.accuracy:.1%} ({before.hits}/{before.total})")
 
-    prepare_model_for_kbit_training(model)  # freeze, gradient checkpointing
+    prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.checkpointing)
     pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     pm.print_trainable_parameters()
-    examples = [encode_record(tok, record(w)) for w in train]
-    opt = ember.optim.AdamW([q for q in pm.parameters() if q.requires_grad], lr=2e-3)
-    Learner(pm, opt, causal_lm_loss, out_dir=args.out).fit(batches(examples, 8), epochs=args.epochs)
+    opt = ember.optim.AdamW([q for q in pm.parameters() if q.requires_grad], lr=args.lr)
+    learner = Learner(pm, opt, causal_lm_loss, out_dir=args.out)
+    learner.fit(batches(train, args.batch_size), epochs=args.epochs)
 
-    pm.eval()
-    with ember.no_grad():
-        after = exact_match(pm, tok, test)
-    print(f"held-out exact match after: {after:.0%} ({100 * (after - before):+.0f} points)")
+    after = exact_match(pm, tok, test)
+    gain = 100 * (after.accuracy - before.accuracy)
+    print(f"held-out exact match after: {after.accuracy:.1%} ({after.hits}/{after.total}, "
+          f"{gain:+.1f} points)")  # fmt: skip
+    for rec, answer, ok in list(zip(test, after.answers, after.matched))[:3]:
+        question = split_record(rec)[0][-1]["content"]
+        print(f"  {question!r} -> {answer} {'ok' if ok else 'MISS'}")
 
     adapter = os.path.join(args.out, "adapter")
     pm.save_pretrained(adapter)  # peft: PeftModel.from_pretrained(hf_model, adapter)
     save_gguf_adapter(pm, os.path.join(args.out, "adapter.gguf"))  # llama.cpp: --lora FILE
-    fresh = AutoModelForCausalLM.from_pretrained(default_model_path())
-    again = PeftModel.from_pretrained(fresh, adapter)
+    again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(default_model_path()),
+                                      adapter)  # fmt: skip
     gguf = load_gguf_adapter(AutoModelForCausalLM.from_pretrained(default_model_path()),
                              os.path.join(args.out, "adapter.gguf"))  # fmt: skip
-    with ember.no_grad():
-        print(f"reloaded: {exact_match(again, tok, test[:10]):.0%} / GGUF: "
-              f"{exact_match(gguf, tok, test[:10]):.0%} on the first 10 held-out words")  # fmt: skip
+    first = test[:10]
+    print(f"reloaded: {exact_match(again, tok, first).accuracy:.0%} / GGUF: "
+          f"{exact_match(gguf, tok, first).accuracy:.0%} on the first 10 held-out records")  # fmt: skip
 
 
 if __name__ == "__main__":

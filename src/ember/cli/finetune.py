@@ -4,13 +4,17 @@ The model's weights stay as they are (a GGUF's stay quantized); LoRA adapters ar
 assistant tokens of chat ``messages`` or ``prompt``/``completion`` records, with the model's chat
 template applied. The Learner writes its progress bar, CSV log, curves and resumable
 checkpoints to --out; the adapter goes to --out/adapter (peft's files) and, with --gguf, to a
-llama.cpp LoRA GGUF.
+llama.cpp LoRA GGUF. With --eval, held-out records are answered greedily before and after
+training and scored by exact match of the assistant's answer (--out/eval.json, with every answer
+in --out/eval_answers.jsonl).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import time
 
 from ember.cli._args import existing_file, finite_float, int_at_least
 from ember.cli._text import echo
@@ -43,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--valid",
         type=_file("--valid"),
         help="held-out records (same format) for the validation loss",
+    )
+    p.add_argument(
+        "--eval",
+        type=_file("--eval"),
+        metavar="FILE",
+        help="held-out records (same format): greedy exact match of the last assistant answer, "
+        "scored before and after training (--out/eval.json)",
     )
     p.add_argument("--model", help="GGUF file or Hugging Face folder (default: bundled SmolLM2)")
     p.add_argument("--out", default="finetune-out", help="output folder (default finetune-out)")
@@ -93,8 +104,10 @@ def run(args) -> int:
     from ember.errors import EmberError
     from ember.peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from ember.peft.data import batches, causal_lm_loss, encode_file
+    from ember.peft.eval import read_eval_file
     from ember.train import Learner
 
+    start = time.perf_counter()
     ember.manual_seed(args.seed)
     model, tok = load(args)
     context = int(getattr(model.config, "max_position_embeddings", args.max_length))
@@ -102,6 +115,8 @@ def run(args) -> int:
     kw = dict(on_error=args.on_bad_line, on_long=args.on_long)
     train = encode_file(tok, args.data, max_len, **kw)
     valid = encode_file(tok, args.valid, max_len, **kw) if args.valid else None
+    held_out = read_eval_file(args.eval, args.on_bad_line) if args.eval else None
+    before = _score(model, tok, held_out, "before") if held_out else None
     if not args.no_checkpointing:
         prepare_model_for_kbit_training(model)
     targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
@@ -124,6 +139,9 @@ def run(args) -> int:
     adapter_dir = os.path.join(args.out, "adapter")
     pm.save_pretrained(adapter_dir)
     echo(f"adapter written to {adapter_dir} (adapter_config.json, adapter_model.safetensors)")
+    if held_out and not learner.interrupted:
+        after = _score(pm, tok, held_out, "after")
+        _write_eval(args, held_out, before, after, learner, time.perf_counter() - start)
     if args.gguf:
         try:
             from ember.peft import save_gguf_adapter
@@ -134,3 +152,47 @@ def run(args) -> int:
             echo(f"no GGUF adapter: {e}")
             return 1
     return 130 if learner.interrupted else 0
+
+
+def _score(model, tok, records, when: str):
+    """Exact match on the held-out records, printed."""
+    from ember.peft.eval import exact_match
+
+    echo(f"scoring {len(records)} held-out records ({when} training) ...")
+    r = exact_match(model, tok, records)
+    echo(f"held-out exact match {when}: {r.accuracy:.1%} ({r.hits}/{r.total}, {r.seconds:.0f} s)")
+    return r
+
+
+def _write_eval(args, records, before, after, learner, seconds: float) -> None:
+    """--out/eval.json (the scores) and --out/eval_answers.jsonl (every answer)."""
+    from ember.peft.eval import split_record
+
+    gain = 100 * (after.accuracy - before.accuracy)
+    echo(
+        f"held-out exact match: {before.accuracy:.1%} -> {after.accuracy:.1%} ({gain:+.1f} points)"
+    )
+    last = learner.history[-1] if learner.history else {}
+    metrics = {
+        "eval_file": str(args.eval),
+        "before": before.summary(),
+        "after": after.summary(),
+        "gain_points": round(gain, 2),
+        "epochs": learner.epoch,
+        "train_loss": None if last.get("train_loss") is None else float(last["train_loss"]),
+        "wall_seconds": round(seconds, 1),
+    }
+    with open(os.path.join(args.out, "eval.json"), "w", encoding="utf-8") as f:
+        json.dump(metrics, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(args.out, "eval_answers.jsonl"), "w", encoding="utf-8") as f:
+        for i, rec in enumerate(records):
+            row = {
+                "reference": split_record(rec)[1],
+                "before": before.answers[i],
+                "after": after.answers[i],
+                "match_before": before.matched[i],
+                "match_after": after.matched[i],
+            }
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    echo(f"scores written to {os.path.join(args.out, 'eval.json')} (answers: eval_answers.jsonl)")
