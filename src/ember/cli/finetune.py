@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 from ember.cli._args import existing_file, finite_float, int_at_least
 from ember.cli._text import echo
@@ -182,17 +183,18 @@ def _write_eval(args, records, before, after, learner, seconds: float) -> None:
         "train_loss": None if last.get("train_loss") is None else float(last["train_loss"]),
         "wall_seconds": round(seconds, 1),
     }
-    with open(os.path.join(args.out, "eval.json"), "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(args.out, "eval_answers.jsonl"), "w", encoding="utf-8") as f:
-        for i, rec in enumerate(records):
-            row = {
-                "reference": split_record(rec)[1],
-                "before": before.answers[i],
-                "after": after.answers[i],
-                "match_before": before.matched[i],
-                "match_after": after.matched[i],
-            }
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    out = Path(args.out)
+    (out / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    rows = [
+        {
+            "reference": split_record(rec)[1],
+            "before": before.answers[i],
+            "after": after.answers[i],
+            "match_before": before.matched[i],
+            "match_after": after.matched[i],
+        }
+        for i, rec in enumerate(records)
+    ]
+    lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    (out / "eval_answers.jsonl").write_text(lines, encoding="utf-8")
     echo(f"scores written to {os.path.join(args.out, 'eval.json')} (answers: eval_answers.jsonl)")
