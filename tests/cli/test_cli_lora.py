@@ -146,17 +146,22 @@ def _fails(capsys, status: int, *flags: str, command: str = "generate") -> str:
     return err
 
 
-@pytest.fixture(scope="module")
-def tiny_adapters(tmp_path_factory):
-    """Adapters for another llama (hidden 64): the right architecture, the wrong shapes."""
-    d = tmp_path_factory.mktemp("tiny")
+def misfit_adapter():
+    """An adapter for another llama (hidden 64): the right architecture, the wrong shapes."""
     cfg = LlamaConfig(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
     )  # fmt: skip
-    pm = get_peft_model(
+    return get_peft_model(
         LlamaForCausalLM(cfg), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_adapters(tmp_path_factory):
+    """misfit_adapter's files, peft's and llama.cpp's."""
+    d = tmp_path_factory.mktemp("tiny")
+    pm = misfit_adapter()
     pm.save_pretrained(d / "peft")
     save_gguf_adapter(pm, d / "adapter.gguf")
     return {"peft": str(d / "peft"), "gguf": str(d / "adapter.gguf")}

@@ -16,6 +16,7 @@ from ember.nn.functional import loss as L
 from tests.helpers import assert_close
 from tests.nn.common import rnd
 from tests.nn.test_loss import _ints, _run
+from tests.nn.test_loss import test_cross_entropy_indices as _vs_torch
 
 F64, F32 = ember.float64, ember.float32
 
@@ -31,18 +32,8 @@ def tiny_chunks(monkeypatch):
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("shape", [(11, 5), (7, 4, 2, 3), (9,)])
 def test_chunked_matches_torch(tiny_chunks, reduction, smoothing, weighted, shape):
-    C = shape[1] if len(shape) > 1 else shape[0]
-    tshape = shape[:1] + shape[2:] if len(shape) > 1 else ()
-    t = np.asarray(_ints(tshape, C, ignore=-100 if tshape else None))
-    w = rnd(C, seed=3, low=0.2, high=2.0)
-    wp = (ember.from_numpy(w), torch.from_numpy(w)) if weighted else (None, None)
-    kw = dict(reduction=reduction, label_smoothing=smoothing)
-    _run(
-        lambda x, tt, ww: F.cross_entropy(x, tt, weight=ww, **kw),
-        lambda x, tt, ww: TF.cross_entropy(x, tt, weight=ww, **kw),
-        [rnd(*shape, low=-3, high=3)],
-        [(ember.tensor(t), torch.from_numpy(t)), wp],
-    )
+    """test_loss's comparison with torch, over many chunks."""
+    _vs_torch(reduction, smoothing, weighted, shape)
 
 
 @pytest.mark.parametrize("dtype", [F32, ember.bfloat16])

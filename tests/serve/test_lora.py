@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from tests.cli.test_cli_lora import _randomized
+from tests.cli.test_cli_lora import _randomized, misfit_adapter
 from tests.models.test_batched_decode import PROMPTS, _alone, _batched
 from tests.serve.conftest import _have_model, start_server
 
@@ -17,7 +17,6 @@ from ember.generation.sampling import SamplingParams
 from ember.generation.tokenizer import Tokenizer
 from ember.models import AutoModelForCausalLM
 from ember.models.hub import default_model_path
-from ember.models.llama import LlamaConfig, LlamaForCausalLM
 from ember.peft import LoraConfig, get_peft_model, load_adapter, save_gguf_adapter
 
 httpx = pytest.importorskip("httpx")
@@ -115,14 +114,7 @@ def _serve(*flags: str, timeout: float = 180) -> subprocess.CompletedProcess:
 
 
 def test_an_adapter_that_does_not_fit_ends_the_server_with_one_line(tmp_path):
-    cfg = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
-    pm = get_peft_model(
-        LlamaForCausalLM(cfg), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
-    )
-    save_gguf_adapter(pm, tmp_path / "tiny.gguf")
+    save_gguf_adapter(misfit_adapter(), tmp_path / "tiny.gguf")
     r = _serve("--lora", str(tmp_path / "tiny.gguf"))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr, r.stderr
