@@ -594,9 +594,8 @@ def linear_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) 
 
 # Every row count runs here, tall products too: alone, OpenBLAS's packed-A loop is level or a
 # little ahead above a few hundred rows, but in a model its idle workers spin on the cores that
-# the numba kernels between the products (attention, norms) then wait for (Whisper tiny.en's
-# encoder, 1500 rows, 2 threads: 576-588 ms vs 772-796 with tall linears on OpenBLAS; MiniLM,
-# 32 sentences: 137-182 vs 284-292 ms; bench/RESULTS.md).
+# the numba kernels between the products (attention, norms) then wait for. bench/whisper.py's
+# tiny.en encoder at 2 threads: 214 ms with this, 292-346 ms with a 128-row cap (bench/RESULTS.md).
 def _linear_applies(x, w, b=None) -> bool:
     return packed_panels(w) is not None and w.ndim == 2 and x.ndim >= 1
 

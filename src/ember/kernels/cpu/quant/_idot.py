@@ -56,8 +56,9 @@ from ember.errors import DTypeError, ShapeError
 G_MAX = 4  # x rows one kernel call carries (an accumulator each, in registers)
 MAX_M = 16  # up to this many rows of x, linear_q runs the integer kernels
 SUB_BYTES = 1 << 14  # with more than G_MAX rows, a chunk is swept in sub-blocks of this size
-# bytes ahead of the current block that each block step prefetches (as _common.PREFETCH_BYTES):
-# a 1B model's Q4_0/Q4_1 rows stream from DRAM 45-55% faster on one thread than at 768
+# bytes ahead of the current block that each block step prefetches (as _common.PREFETCH_BYTES;
+# 768 before: an ad-hoc one-thread sweep read a 1B model's Q4_0/Q4_1 rows from DRAM at 9.6-10.7
+# GB/s instead of 6.7-6.9; bench/quant.py's DRAM columns are the measurement of record)
 PREFETCH = 6144
 
 # qtype -> (format id, bytes per block, offset of the quants, kind); kind: "s8" signed bytes,
