@@ -236,8 +236,8 @@ def test_linear_q_registered_kernel(qtype):
             kernel, lambda x, b, qweight, want=want: want + b, [((x, b), {"qweight": q})], rtol=1e-6,
             atol=atol + 1e-6,
         )  # fmt: skip
-    # 17 rows: the prefill path (float weights, BLAS), to float tolerance
-    x = _x(rng, 17, k)
+    # one row more than the integer kernels take: the prefill path (float weights, BLAS)
+    x = _x(rng, _kernels(qtype).int_rows() + 1, k)
     want = kernel.reference(x, qweight=q)
     np.testing.assert_allclose(kernel.fn(x, qweight=q), want, rtol=2e-5, atol=2e-4)
 
@@ -297,6 +297,25 @@ def test_vnni_kernels_compile():
     assert "vpdpbusd" in asm and "vpmaddubsw" not in asm
 
 
+def test_wide_kernels_compile():
+    """The 512-bit loop (two blocks per vpdpbusd on zmm registers) compiles for AVX-512 VNNI."""
+    import llvmlite.binding as llvm
+
+    from ember.kernels.cpu import gemm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    ir = [*gemm._declarations(16), *_idot.module_ir(vnni=True, lanes=16, wide=True)]
+    mod = llvm.parse_assembly(
+        "\n".join([*ir, 'attributes #0 = { nounwind "min-legal-vector-width"="512" }'])
+    )
+    mod.verify()
+    target = llvm.Target.from_default_triple()
+    tm = target.create_target_machine("znver4", "+avx512vnni,+avx512bw,+avx512vl", opt=2)
+    asm = tm.emit_assembly(mod)
+    assert "vpdpbusd\t%zmm" in asm or "vpdpbusd %zmm" in asm
+
+
 _SCRIPT = """
 import numpy as np, zlib
 from ember.kernels import registry
@@ -310,8 +329,13 @@ for q, bs in (("Q8_0", 34), ("Q4_0", 18), ("Q4_1", 20)):
     w3 = random_blocks(rng, q, 33 * 3).reshape(33, 3, bs)
     x = rng.standard_normal((5, 96)).astype(np.float32)
     qk = _common.FORMATS[q]
-    out.append(qk.matmul_t(w3, x))
-    print(q, qk.int_dot())
+    y = qk.matmul_t(w3, x)
+    out.append(y)
+    w = qk.dequantize_rows_reference(w3, 0, 33).astype(np.float64)
+    exact = x.astype(np.float64) @ w.T  # within the int8 step's error of the float product
+    close = np.abs(y - exact).max() <= 0.02 * (np.abs(x) @ np.abs(w).T).max()
+    print(q, qk.int_dot(), close)
+print(_common._idot.state() is not None and _common._idot.state()["wide"])
 print(zlib.crc32(np.concatenate([o.ravel() for o in out]).tobytes()))
 """
 
@@ -328,14 +352,23 @@ def _run(env):
 
 @pytest.mark.parametrize(
     "env, uses_int",
-    [({"EMBER_SGEMM_ISA": "avx2"}, True), ({"EMBER_SGEMM_ISA": "none"}, False),
-     ({"EMBER_QUANT_DOT": "float"}, False)],
+    [({"EMBER_SGEMM_ISA": "avx2"}, True), ({"EMBER_QUANT_DOT": "int8-256"}, True),
+     ({"EMBER_SGEMM_ISA": "none"}, False), ({"EMBER_QUANT_DOT": "float"}, False)],
 )  # fmt: skip
 def test_isa_switches(env, uses_int):
+    """Each switch's kernels run and are right (this host runs them all), and the 256-bit
+    loops, AVX2 or VNNI, give the same integers, so the same floats."""
     got = _run(env)
-    assert got[1:6:2] == [str(uses_int)] * 3
-    base = _run({"EMBER_SGEMM_ISA": "", "EMBER_QUANT_DOT": ""})
-    if uses_int:  # AVX2 and VNNI give the same integers, so the same floats
+    assert got[1:9:3] == [str(uses_int)] * 3 and got[2:9:3] == ["True"] * 3
+    assert got[-2] == "False"  # the 512-bit loop only by default
+    base = _run({"EMBER_SGEMM_ISA": "", "EMBER_QUANT_DOT": "int8-256"})
+    if uses_int:
         assert got[-1] == base[-1]
     else:
         assert got[-1] != base[-1]
+
+
+def test_default_kernels_in_a_fresh_process():
+    """The default path (the 512-bit loop on AVX-512 VNNI hosts) is right in a fresh process."""
+    got = _run({"EMBER_SGEMM_ISA": "", "EMBER_QUANT_DOT": ""})
+    assert got[1:9:3] == ["True"] * 3 and got[2:9:3] == ["True"] * 3

@@ -7,8 +7,9 @@ to :class:`QuantKernels`, which compiles them on first use and runs them:
 * ``dq(w, lut, unit, r0, r1, out)``: rows ``[r0, r1)`` of W into a float32 tile, which BLAS
   multiplies for a prefill (M > SMALL_M).
 
-Up to ``_idot.MAX_M`` rows of x, Q4_0/Q4_1 (int8 x) and Q8_0 (float x, "Q8_0F") run the LLVM
-IR kernels of ``_idot``: one pass over the weight for all rows. The other formats' small
+Up to ``INT_ROWS`` rows of x (decode, small batches and short prompts), Q4_0/Q4_1 (int8 x) and
+Q8_0 (float x, "Q8_0F") run the LLVM IR kernels of ``_idot``: one pass over the weight for all
+rows. The other formats' small
 batches (1 < M <= SMALL_M) run ``mv`` once per row of x: each a bandwidth-bound pass over the
 packed weight. (A numba body that decodes each block once for all M rows was 2-8x slower: with
 a local decoded block and local sums LLVM kept the loops scalar.)
@@ -47,9 +48,15 @@ U8 = np.uint8
 # one, as llama.cpp answers). _idot's Q8_0 kernel stays built and tested for when it pays.
 INT_DOT_FORMATS = ("Q4_0", "Q4_1")
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
+# up to this many rows of x the _idot kernels beat decoding float32 tiles for BLAS (an ad-hoc
+# 2-thread sweep of the bundled SmolLM2's products: up to 48-64 rows for Q4_1, 32-48 for the
+# Q8_0 head; its 17-token prompt took 134 ms through the tiles, a 16-token one 67 ms)
+INT_ROWS = {"int": 64, "Q8_0F": 32}
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
-SERIAL_MAX_BYTES = 1 << 22  # below this weight size the matrix-vector kernel runs on one thread
+# below this much work (weight bytes times rows of x) a product runs on one thread: a decode
+# row of a small weight costs less than waking a second thread, a batch of rows does not
+SERIAL_MAX_BYTES = 1 << 22
 DYNAMIC_MIN_BYTES = 1 << 21  # from this weight size on, row chunks are scheduled dynamically
 PREFETCH_BYTES = 6144  # how far ahead of the read position the weight bytes are prefetched
 REFERENCE_ROW_ELEMENTS = 1 << 20  # the references decode about this many weights at a time
@@ -150,11 +157,12 @@ def _real(x: np.ndarray, what: str) -> None:
         raise DTypeError(f"{what}: x must hold real numbers, got dtype {x.dtype}")
 
 
-def _run_chunks(fn, args: tuple, n: int, nbytes: int) -> None:
-    """``fn(*args, chunk)`` over chunks of a weight's n rows (nbytes), on as many threads as pays."""
+def _run_chunks(fn, args: tuple, n: int, nbytes: int, rows: int = 1) -> None:
+    """``fn(*args, chunk)`` over chunks of a weight's n rows (nbytes) for `rows` rows of x, on
+    as many threads as pays."""
     get_threads, set_threads = _thread_count_fns()
     threads = get_threads()
-    if threads == 1 or nbytes < SERIAL_MAX_BYTES:
+    if threads == 1 or nbytes * rows < SERIAL_MAX_BYTES:
         # One thread: a team of one wakes no worker (waking a second thread costs more than
         # it saves on a small weight, and on a busy machine the caller may wait a whole time
         # slice for it). The parallel kernel, not a serial copy: numba marks a parallel
@@ -309,11 +317,16 @@ class QuantKernels:
         return y
 
     def int_dot(self) -> bool:
-        """Whether products of up to ``_idot.MAX_M`` rows run the integer kernels here."""
+        """Whether small products (``int_rows``) run the integer kernels here."""
         return self.qtype in INT_DOT_FORMATS and _idot.available()
 
+    def int_rows(self) -> int:
+        """Up to how many rows of x a product runs the ``_idot`` kernels (0: never)."""
+        kernel = self.small_kernel()
+        return 0 if kernel is None else INT_ROWS["Q8_0F" if kernel == "Q8_0F" else "int"]
+
     def small_kernel(self) -> str | None:
-        """The ``_idot`` kernel for products of up to ``_idot.MAX_M`` rows here, if any: the
+        """The ``_idot`` kernel for products of up to ``int_rows()`` rows here, if any: the
         integer one, or Q8_0's float-x one ("Q8_0F")."""
         if self.int_dot():
             return self.qtype
@@ -325,13 +338,13 @@ class QuantKernels:
         """``x @ W.T`` by the ``_idot`` kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
         y = np.empty((x.shape[0], w3.shape[0]), F32)
         fn, args = _idot.driver_args(self.small_kernel(), w3, x, y)
-        _run_chunks(fn, args, w3.shape[0], w3.nbytes)
+        _run_chunks(fn, args, w3.shape[0], w3.nbytes, x.shape[0])
         return y
 
     def run_matmul_t(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` on checked operands (x float32 (M, K), C-contiguous, M >= 1)."""
         m = x.shape[0]
-        if m <= _idot.MAX_M and self.small_kernel():
+        if m <= self.int_rows():
             return self._int_product(w3, x)
         if m == 1:
             return self.run_matvec(w3, x[0]).reshape(1, -1)
@@ -386,7 +399,7 @@ class QuantKernels:
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
-        if x.size <= _idot.MAX_M * k and self.small_kernel():  # decode, small batches
+        if x.size <= self.int_rows() * k:  # decode, small batches, short prompts
             x2 = x.reshape(-1, k)
             if x2.dtype != F32 or not x2.flags.c_contiguous:
                 x2 = np.ascontiguousarray(x2, dtype=F32)

@@ -233,12 +233,206 @@ def _rows_ir(
     return s
 
 
-def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8) -> str:
+def _wide_block(qtype: str, g: int, nr: int, t: str, b: str, acc: str, out: str, two: bool):
+    """IR of one step of the 512-bit loop: blocks b and b + 1 (``two``), or block b alone in the
+    low half (the odd last block; the high half's integers and scales are zeros, so it adds 0).
+
+    Reads accumulators ``%{acc}a{i}_{r}`` (16 floats) and, for Q4_1's min term,
+    ``%{acc}s{i}_{r}`` (2 floats: even and odd blocks); defines ``%{out}...`` in their place.
+    """
+    _, bs, qoff, kind = SPECS[qtype]
+    v16f, v64 = "<16 x float>", "<64 x i8>"
+    splat = lambda ty, n, v: "<" + ", ".join([f"{ty} {v}"] * n) + ">"  # noqa: E731
+    iota = lambda n: ", ".join(f"i32 {j}" for j in range(n))  # noqa: E731
+    halves = ", ".join(["i32 0"] * 8 + ["i32 1"] * 8)
+    u = f"{out}"
+    s = [f"  %bo{u} = mul i64 %{b}, {bs}", f"  %xo{u} = shl i64 %{b}, 5"]
+
+    def pair_of(name: str, load: str) -> list[str]:  # <2 x float> from block b (and b + 1)
+        # load: the value of block j, with {j} and {pq} ("p" for block b, "q" for b + 1)
+        r = [f"  %{name}0 = {load.format(j=0, pq='p')}"]
+        r += [f"  %{name}i = insertelement <2 x float> zeroinitializer, float %{name}0, i32 0"]
+        if two:
+            r += [f"  %{name}1 = {load.format(j=1, pq='q')}"]
+            r += [f"  %{name} = insertelement <2 x float> %{name}i, float %{name}1, i32 1"]
+        else:
+            r += [f"  %{name} = fadd <2 x float> %{name}i, zeroinitializer"]
+        return r
+
+    for i in range(nr):  # weight row i: both blocks' integers in one register, scales per half
+        w = f"{u}w{i}"
+        s += [f"  %wb{w} = getelementptr i8, ptr %{t}wr{i}, i64 %bo{u}"]
+        s += [f"  %wc{w} = getelementptr i8, ptr %wb{w}, i64 {bs}"]
+        s += [f"  %pf{w} = getelementptr i8, ptr %wb{w}, i64 {PREFETCH}"]
+        s += [f"  call void @llvm.prefetch.p0(ptr %pf{w}, i32 0, i32 3, i32 1)"]
+        blk = (f"%wb{w}", f"%wc{w}").__getitem__
+        for j in range(2 if two else 1):
+            s += [f"  %dh{w}_{j} = load half, ptr {blk(j)}, align 1"]
+            if kind == "u4":
+                s += [f"  %mp{w}_{j} = getelementptr i8, ptr {blk(j)}, i64 2"]
+                s += [f"  %mh{w}_{j} = load half, ptr %mp{w}_{j}, align 1"]
+        s += pair_of(f"d{w}", f"fpext half %dh{w}_{{j}} to float")
+        s += [
+            f"  %dv{w} = shufflevector <2 x float> %d{w}, <2 x float> poison, <16 x i32> <{halves}>"
+        ]
+        if kind == "u4":
+            s += pair_of(f"m{w}", f"fpext half %mh{w}_{{j}} to float")
+        for j in range(2 if two else 1):  # nibbles: low half elements 0..15, high 16..31
+            s += [f"  %qp{w}_{j} = getelementptr i8, ptr {blk(j)}, i64 {qoff}"]
+            s += [f"  %p{w}_{j} = load <16 x i8>, ptr %qp{w}_{j}, align 1"]
+            s += [f"  %lo{w}_{j} = and <16 x i8> %p{w}_{j}, {splat('i8', 16, 15)}"]
+            s += [f"  %hi{w}_{j} = lshr <16 x i8> %p{w}_{j}, {splat('i8', 16, 4)}"]
+            s += [
+                f"  %q{w}_{j} = shufflevector <16 x i8> %lo{w}_{j}, <16 x i8> %hi{w}_{j},"
+                f" <32 x i32> <{iota(32)}>"
+            ]
+        second = f"%q{w}_1" if two else "zeroinitializer"
+        s += [
+            f"  %q{w} = shufflevector <32 x i8> %q{w}_0, <32 x i8> {second}, <64 x i32> <{iota(64)}>"
+        ]
+        s += [f"  %qi{w} = bitcast {v64} %q{w} to <16 x i32>"]
+    for r in range(g):  # x row r: 64 int8 values (or 32 and zeros), its scales per half
+        x = f"{u}x{r}"
+        s += [f"  %yp{x} = getelementptr i8, ptr %xq{r}, i64 %xo{u}"]
+        if two:
+            s += [f"  %yv{x} = load {v64}, ptr %yp{x}, align 1"]
+        else:
+            s += [f"  %yh{x} = load <32 x i8>, ptr %yp{x}, align 1"]
+            s += [
+                f"  %yv{x} = shufflevector <32 x i8> %yh{x}, <32 x i8> zeroinitializer,"
+                f" <64 x i32> <{iota(64)}>"
+            ]
+        s += [f"  %yi{x} = bitcast {v64} %yv{x} to <16 x i32>"]
+        for name, base in (("dx", "xd"), ("sx", "xs")) if kind == "u4" else (("dx", "xd"),):
+            s += [f"  %{name}p{x} = getelementptr float, ptr %{base}{r}, i64 %{b}"]
+            s += [f"  %{name}q{x} = getelementptr float, ptr %{name}p{x}, i64 1"]
+            s += pair_of(f"{name}{x}", f"load float, ptr %{name}{{pq}}{x}, align 4")
+        s += [
+            f"  %dxv{x} = shufflevector <2 x float> %dx{x}, <2 x float> poison, <16 x i32> <{halves}>"
+        ]
+        if kind == "s4":  # sum((n - 8) q) = sum(n q) - 8 sum(q), all in int32: exact
+            ones = splat("i32", 16, 0x01010101)
+            s += [
+                f"  %qs{x} = call <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>"
+                f" zeroinitializer, <16 x i32> {ones}, <16 x i32> %yi{x})"
+            ]
+            s += [f"  %q8{x} = mul <16 x i32> %qs{x}, {splat('i32', 16, -8)}"]
+    for i in range(nr):
+        for r in range(g):
+            w, x, pr = f"{u}w{i}", f"{u}x{r}", f"{u}_{i}_{r}"
+            src = f"%q8{x}" if kind == "s4" else "zeroinitializer"
+            s += [
+                f"  %pi{pr} = call <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32> {src},"
+                f" <16 x i32> %qi{w}, <16 x i32> %yi{x})"
+            ]
+            s += [f"  %pv{pr} = sitofp <16 x i32> %pi{pr} to {v16f}"]
+            s += [f"  %dd{pr} = fmul {v16f} %dv{w}, %dxv{x}"]
+            s += [
+                f"  %{out}a{i}_{r} = call {v16f} @llvm.fma.v16f32({v16f} %dd{pr}, {v16f} %pv{pr},"
+                f" {v16f} %{acc}a{i}_{r})"
+            ]
+            if kind == "u4":
+                s += [
+                    f"  %{out}s{i}_{r} = call <2 x float> @llvm.fma.v2f32(<2 x float> %m{w},"
+                    f" <2 x float> %sx{x}, <2 x float> %{acc}s{i}_{r})"
+                ]
+    return s
+
+
+def _rows_ir_wide(qtype: str, g: int, nr: int, t: str, start: str, nxt: str) -> list[str]:
+    """``_rows_ir`` for AVX-512 VNNI hosts, Q4_0 and Q4_1: two blocks per 512-bit step.
+
+    Each (weight row, x row) pair's two blocks go through one ``vpdpbusd`` (64 bytes), one
+    conversion, one multiply of the two blocks' scale products and one FMA into 16 float lanes
+    (the 256-bit loop spends all of these on one block); Q4_1's min term accumulates in two
+    lanes (even and odd blocks). An odd last block runs the same step with zeros in the high
+    half. The order of the float operations depends on the weight's shape only, so batch
+    invariance holds as in the 256-bit loop.
+    """
+    kind = SPECS[qtype][3]
+    v16f = "<16 x float>"
+    pairs = [(i, r) for i in range(nr) for r in range(g)]
+    s = [f"{t}row:", f"  %{t}n = phi i64 [%{t}n0, %{start}], [%{t}n1, %{t}rowend]"]
+    for i in range(nr):
+        s += [f"  %{t}ni{i} = add i64 %{t}n, {i}", f"  %{t}wo{i} = mul i64 %{t}ni{i}, %rowb"]
+        s += [f"  %{t}wr{i} = getelementptr i8, ptr %w, i64 %{t}wo{i}"]
+    s += [f"  %{t}two = icmp uge i64 %nb, 2", f"  br i1 %{t}two, label %{t}blk, label %{t}post"]
+    s += [f"{t}blk:", f"  %{t}b = phi i64 [0, %{t}row], [%{t}b2, %{t}blk]"]
+    for i, r in pairs:
+        s += [f"  %{t}a{i}_{r} = phi {v16f} [zeroinitializer, %{t}row], [%{t}ana{i}_{r}, %{t}blk]"]
+        if kind == "u4":
+            s += [
+                f"  %{t}s{i}_{r} = phi <2 x float> [zeroinitializer, %{t}row],"
+                f" [%{t}ans{i}_{r}, %{t}blk]"
+            ]
+    s += _wide_block(qtype, g, nr, t, f"{t}b", t, f"{t}an", two=True)
+    s += [f"  %{t}b2 = add i64 %{t}b, 2", f"  %{t}b4 = add i64 %{t}b, 4"]
+    s += [f"  %{t}bc = icmp ule i64 %{t}b4, %nb"]
+    s += [f"  br i1 %{t}bc, label %{t}blk, label %{t}post", f"{t}post:"]
+    for i, r in pairs:
+        s += [f"  %{t}pa{i}_{r} = phi {v16f} [zeroinitializer, %{t}row], [%{t}ana{i}_{r}, %{t}blk]"]
+        if kind == "u4":
+            s += [
+                f"  %{t}ps{i}_{r} = phi <2 x float> [zeroinitializer, %{t}row],"
+                f" [%{t}ans{i}_{r}, %{t}blk]"
+            ]
+    s += [f"  %{t}odd = and i64 %nb, 1", f"  %{t}hasodd = icmp ne i64 %{t}odd, 0"]
+    s += [f"  br i1 %{t}hasodd, label %{t}tb, label %{t}rowend", f"{t}tb:"]
+    s += [f"  %{t}bt = sub i64 %nb, 1"]
+    s += _wide_block(qtype, g, nr, t, f"{t}bt", f"{t}p", f"{t}tn", two=False)
+    s += [f"  br label %{t}rowend", f"{t}rowend:"]
+    idx = lambda *ix: ", ".join(f"i32 {j}" for j in ix)  # noqa: E731
+    for i, r in pairs:
+        u = f"{t}{i}_{r}"
+        s += [f"  %f{u} = phi {v16f} [%{t}pa{i}_{r}, %{t}post], [%{t}tna{i}_{r}, %{t}tb]"]
+        if kind == "u4":
+            s += [f"  %fs{u} = phi <2 x float> [%{t}ps{i}_{r}, %{t}post], [%{t}tns{i}_{r}, %{t}tb]"]
+    for i, r in pairs:  # the lanes summed by a fixed tree, then the min term's two lanes
+        u = f"{t}{i}_{r}"
+        s += [
+            f"  %h0{u} = shufflevector {v16f} %f{u}, {v16f} poison, <8 x i32> <{idx(*range(8))}>",
+            f"  %h1{u} = shufflevector {v16f} %f{u}, {v16f} poison,"
+            f" <8 x i32> <{idx(*range(8, 16))}>",
+            f"  %h2{u} = fadd <8 x float> %h0{u}, %h1{u}",
+            f"  %ha{u} = shufflevector <8 x float> %h2{u}, <8 x float> poison, <4 x i32> <{idx(0, 1, 2, 3)}>",
+            f"  %hb{u} = shufflevector <8 x float> %h2{u}, <8 x float> poison, <4 x i32> <{idx(4, 5, 6, 7)}>",
+            f"  %hc{u} = fadd <4 x float> %ha{u}, %hb{u}",
+            f"  %hd{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{idx(0, 1)}>",
+            f"  %he{u} = shufflevector <4 x float> %hc{u}, <4 x float> poison, <2 x i32> <{idx(2, 3)}>",
+            f"  %hf{u} = fadd <2 x float> %hd{u}, %he{u}",
+            f"  %hg{u} = extractelement <2 x float> %hf{u}, i32 0",
+            f"  %hh{u} = extractelement <2 x float> %hf{u}, i32 1",
+            f"  %t{u} = fadd float %hg{u}, %hh{u}",
+        ]
+        out = f"%t{u}"
+        if kind == "u4":
+            s += [
+                f"  %ma{u} = extractelement <2 x float> %fs{u}, i32 0",
+                f"  %mb{u} = extractelement <2 x float> %fs{u}, i32 1",
+                f"  %mc{u} = fadd float %ma{u}, %mb{u}",
+                f"  %tm{u} = fadd float %t{u}, %mc{u}",
+            ]
+            out = f"%tm{u}"
+        s += [f"  %yq{u} = getelementptr float, ptr %y{r}, i64 %{t}ni{i}"]
+        s += [f"  store float {out}, ptr %yq{u}, align 4"]
+    s += [f"  %{t}n1 = add i64 %{t}n, {nr}", f"  %{t}nn = add i64 %{t}n1, {nr}"]
+    s += [
+        f"  %{t}nc = icmp ule i64 %{t}nn, %{t}end",
+        f"  br i1 %{t}nc, label %{t}row, label %{nxt}",
+    ]
+    return s
+
+
+def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8, wide: bool = False) -> str:
     """y[r, n] for weight rows n in [r0, r1) and x rows r < g of one format (see module doc).
 
     Two weight rows at a time (two independent FMA chains per x row, each x block loaded once
-    for both), then the odd row alone.
+    for both), then the odd row alone. ``wide``: Q4_0 / Q4_1 take two blocks per step in
+    512-bit registers (``_rows_ir_wide``).
     """
+    rows = _rows_ir
+    if wide and SPECS.get(qtype, FLOAT_SPEC)[3] in ("u4", "s4"):
+        rows = lambda q, g, vnni, nr, t, start, nxt, lanes: _rows_ir_wide(q, g, nr, t, start, nxt)  # noqa: E731
     name = f"ember_qdot_{qtype.lower()}_{g}{'_vnni' if vnni else ''}"
     s = [
         f"define void @{name}(i64 %wi, i64 %rowb, i64 %nb, i64 %r0, i64 %r1, i64 %xqi,"
@@ -264,15 +458,15 @@ def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8) -> str:
     s += ["  %len = sub i64 %r1, %r0", "  %odd = and i64 %len, 1", "  %Pend = sub i64 %r1, %odd"]
     s += ["  %Pn0 = add i64 %r0, 0", "  %Pany = icmp ult i64 %r0, %Pend"]
     s += ["  br i1 %Pany, label %Prow, label %tail"]
-    s += _rows_ir(qtype, g, vnni, 2, "P", "entry", "tail", lanes)
+    s += rows(qtype, g, vnni, 2, "P", "entry", "tail", lanes)
     s += ["tail:", "  %Send = add i64 %r1, 0", "  %Sn0 = add i64 %Pend, 0"]
     s += ["  %Sany = icmp ult i64 %Pend, %r1", "  br i1 %Sany, label %Srow, label %done"]
-    s += _rows_ir(qtype, g, vnni, 1, "S", "tail", "done", lanes)
+    s += rows(qtype, g, vnni, 1, "S", "tail", "done", lanes)
     s += ["done:", "  ret void", "}"]
     return "\n".join(s)
 
 
-def _declarations(vnni: bool) -> list[str]:
+def _declarations(vnni: bool, wide: bool = False) -> list[str]:
     """The integer intrinsics the kernels use (gemm.jit_ir declares the float ones)."""
     b32 = "<32 x i8>"
     d = [
@@ -284,13 +478,26 @@ def _declarations(vnni: bool) -> list[str]:
     ]
     if vnni:
         d += ["declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)"]
+    if wide:
+        d += [
+            "declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)",
+            "declare <2 x float> @llvm.fma.v2f32(<2 x float>, <2 x float>, <2 x float>)",
+        ]
     return d
 
 
-def module_ir(vnni: bool = False, lanes: int = 8) -> list[str]:
+def module_ir(vnni: bool = False, lanes: int = 8, wide: bool = False) -> list[str]:
     """Every kernel (three formats x 1..G_MAX rows) with the declarations they need."""
-    fns = [_kernel_ir(q, g, vnni, lanes) for q in KERNELS for g in range(1, G_MAX + 1)]
-    return _declarations(vnni) + fns
+    fns = [_kernel_ir(q, g, vnni, lanes, wide) for q in KERNELS for g in range(1, G_MAX + 1)]
+    return _declarations(vnni, wide) + fns
+
+
+def _has_wide(features: dict, isa: str) -> bool:
+    """512-bit vpdpbusd (AVX-512 VNNI and BW) in the AVX-512 family (not under
+    EMBER_SGEMM_ISA=avx2 or EMBER_QUANT_DOT=int8-256)."""
+    if isa != "avx512" or not config.QUANT_WIDE:
+        return False
+    return bool(features.get("avx512vnni") and features.get("avx512bw"))
 
 
 def _has_vnni(features: dict, isa: str) -> bool:
@@ -455,14 +662,16 @@ def state() -> dict | None:
             if isa is not None:
                 import llvmlite.binding as llvm
 
-                vnni = _has_vnni(llvm.get_host_cpu_features(), isa)
+                features = llvm.get_host_cpu_features()
+                vnni = _has_vnni(features, isa)
+                wide = vnni and _has_wide(features, isa)
                 suffix = "_vnni" if vnni else ""
                 names = [
                     f"ember_qdot_{q.lower()}_{r}{suffix}" for q in KERNELS for r in range(1, 5)
                 ]
                 lanes = G.ISAS[isa][0]  # Q8_0F's accumulators: one vector register
-                engine = G.jit_ir(module_ir(vnni, lanes), names)
-                _STATE.update(ok=True, engine=engine, vnni=vnni, driver=_build(nb, vnni))
+                engine = G.jit_ir(module_ir(vnni, lanes, wide), names)
+                _STATE.update(ok=True, engine=engine, vnni=vnni, wide=wide, driver=_build(nb, vnni))
     return _STATE if _STATE["ok"] else None
 
 
