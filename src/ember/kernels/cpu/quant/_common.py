@@ -49,9 +49,10 @@ U8 = np.uint8
 INT_DOT_FORMATS = ("Q4_0", "Q4_1")
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 # up to this many rows of x the _idot kernels beat decoding float32 tiles for BLAS (an ad-hoc
-# 2-thread sweep of the bundled SmolLM2's products: up to 48-64 rows for Q4_1, 32-48 for the
-# Q8_0 head; its 17-token prompt took 134 ms through the tiles, a 16-token one 67 ms)
-INT_ROWS = {"int": 64, "Q8_0F": 32}
+# 2-thread sweep of the bundled SmolLM2's products on AVX-512 VNNI: up to 128-192 rows for
+# Q4_1, 32-48 for the Q8_0 head; its 17-token prompt took 134 ms through the tiles, 75 through
+# the kernels; the 256-bit loop led to about 64 rows, and was level at 128)
+INT_ROWS = {"wide": 128, "int": 64, "Q8_0F": 32}
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
 # below this much work (weight bytes times rows of x) a product runs on one thread: a decode
@@ -323,7 +324,11 @@ class QuantKernels:
     def int_rows(self) -> int:
         """Up to how many rows of x a product runs the ``_idot`` kernels (0: never)."""
         kernel = self.small_kernel()
-        return 0 if kernel is None else INT_ROWS["Q8_0F" if kernel == "Q8_0F" else "int"]
+        if kernel is None:
+            return 0
+        if kernel == "Q8_0F":
+            return INT_ROWS["Q8_0F"]
+        return INT_ROWS["wide" if _idot.state()["wide"] else "int"]
 
     def small_kernel(self) -> str | None:
         """The ``_idot`` kernel for products of up to ``int_rows()`` rows here, if any: the
