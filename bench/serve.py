@@ -1,6 +1,6 @@
 """Serving under concurrent load: `ember serve` vs llama.cpp's llama-server vs llama-cpp-python.
 
-    python bench/serve.py [--threads 2] [--streams 1 4 8 16] [--tokens 64] [--requests 2]
+    python bench/serve.py [--threads 2] [--streams 1 4 8 16] [--tokens 64] [--requests 2] [--rounds 3]
                           [--llama-server PATH] [--engines ember,llama-server,llama-cpp-python]
     python bench/serve.py --soak [--clients 64] [--seconds 120]
     python bench/serve.py --prefix [--requests 3]
@@ -11,7 +11,9 @@ streams, its continuous-batching slots), then driven by N concurrent clients tha
 ``--requests`` streamed chat completions (a different question each, temperature 0, ``--tokens``
 answer tokens: ``ignore_eos`` where the engine takes it). Reported per engine and N: aggregate
 generated tokens/s (all clients' tokens / wall time), time to first token and inter-token latency
-(p50 and p99 over all requests). The engines run one after another, never at once.
+(p50 and p99 over all requests). The engines run one after another, never at once; with
+``--rounds N`` they alternate N times and the table gives each engine's median run (and best
+throughput) per N.
 
 ``--prefix``: ember only: time to first token of a chat whose ~500-token system prompt the
 server has seen before (its whole prompt chunks reused from a finished request) against one it
@@ -196,42 +198,61 @@ async def load(eng: Engine, streams: int, requests: int, tokens: int) -> dict:
 
 
 def throughput(args, path: str) -> None:
-    """The side-by-side table."""
-    rows, load0 = [], os.getloadavg()[0]
-    for eng in engines(args, path):
-        try:
-            eng.start()
-        except RuntimeError as e:
-            rows.append(f"| {eng.name} | failed to start: {e} | | | | | |")
-            continue
-        try:
-            asyncio.run(load(eng, 1, 1, 8))  # warm-up
-            base = None
-            for n in args.streams:
-                try:
-                    r = asyncio.run(load(eng, n, args.requests, args.tokens))
-                except Exception as e:  # noqa: BLE001 - a peer that fails gets a row saying how
-                    rows.append(f"| {eng.name} | {n} | failed: {type(e).__name__}: {e} | | | | |")
-                    print(rows[-1], flush=True)
-                    break
-                base = base or r["tok_s"]
-                rows.append(
-                    f"| {eng.name} | {n} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | "
-                    f"{r['ttft50'] * 1e3:.0f} / {r['ttft99'] * 1e3:.0f} | "
-                    f"{r['itl50'] * 1e3:.1f} / {r['itl99'] * 1e3:.1f} | {r['tokens']} |"
-                )
-                print(rows[-1], flush=True)
-        finally:
-            eng.stop()
+    """The side-by-side table: ``--rounds`` rounds, the engines alternating within each."""
+    load0 = os.getloadavg()[0]
+    runs: dict[tuple[str, int], list[dict]] = {}
+    failed: dict[str, str] = {}
+    names: list[str] = []
+    for _ in range(args.rounds):
+        for eng in engines(args, path):
+            names += [eng.name] if eng.name not in names else []
+            if eng.name in failed:
+                continue
+            try:
+                eng.start()
+            except RuntimeError as e:
+                failed[eng.name] = f"failed to start: {e}"
+                continue
+            try:
+                asyncio.run(load(eng, 1, 1, 8))  # warm-up
+                for n in args.streams:
+                    try:
+                        r = asyncio.run(load(eng, n, args.requests, args.tokens))
+                    except Exception as e:  # noqa: BLE001 - a peer that fails gets a row saying how
+                        failed[eng.name] = f"{n} streams failed: {type(e).__name__}: {e}"
+                        break
+                    runs.setdefault((eng.name, n), []).append(r)
+                    print(eng.name, n, f"{r['tok_s']:.1f} tok/s", flush=True)
+            finally:
+                eng.stop()
+    rows = []
+    for name in names:
+        if name in failed:
+            rows.append(f"| {name} | {failed[name]} | | | | | |")
+        base = None
+        for n in args.streams:
+            rs = runs.get((name, n))
+            if not rs:
+                continue
+            mid = sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2]  # the median run
+            best = max(r["tok_s"] for r in rs)
+            base = base or mid["tok_s"]
+            rows.append(
+                f"| {name} | {n} | {mid['tok_s']:.1f} ({best:.1f}) | {mid['tok_s'] / base:.2f}x | "
+                f"{mid['ttft50'] * 1e3:.0f} / {mid['ttft99'] * 1e3:.0f} | "
+                f"{mid['itl50'] * 1e3:.1f} / {mid['itl99'] * 1e3:.1f} | {mid['tokens']} |"
+            )
     table = (
-        "| engine | streams | aggregate tok/s | vs 1 stream | TTFT p50 / p99 ms | "
+        "| engine | streams | aggregate tok/s, median (best) | vs 1 stream | TTFT p50 / p99 ms | "
         "ITL p50 / p99 ms | tokens |\n|---|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows)
     )
     note = (
         f"\n\nBundled SmolLM2-135M-Instruct Q4_1, {args.threads} threads each, streamed chat at "
         f"temperature 0, {args.tokens} answer tokens (ignore_eos where taken), {args.requests} "
-        f"requests per client; engines one after another; load average {load0:.2f} at start, "
-        f"{os.getloadavg()[0]:.2f} at the end. llama-server: -np {max(args.streams)}."
+        f"requests per client; {args.rounds} rounds, the engines one after another in each (never "
+        f"at once), each with its default OpenMP settings; latencies of the median run; load "
+        f"average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at the end. llama-server: -np "
+        f"{max(args.streams)}."
     )
     print(table + note)
     if not args.no_save:
@@ -417,6 +438,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of all engines, alternating")
     ap.add_argument("--engines", default="ember,llama-server,llama-cpp-python")
     ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
     ap.add_argument("--soak", action="store_true")
