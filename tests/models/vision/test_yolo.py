@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -217,6 +218,50 @@ def test_loads_pt_and_safetensors_files(tmp_path, tiny):
     torch.save(ref.half().state_dict(), tmp_path / "h.pt")  # Ultralytics saves fp16
     ref.float()
     assert YOLOv8.from_pretrained(tmp_path / "h.pt").model[0].conv.weight.dtype == ember.float32
+
+
+class _Export(torch.nn.Module):
+    """The reference with only the decoded output, as Ultralytics exports it."""
+
+    def __init__(self, ref) -> None:
+        super().__init__()
+        self.model = ref.model
+
+    def forward(self, x):
+        return TYOLOv8.forward(self, x)[0]
+
+
+_Export.SOURCES = TYOLOv8.SOURCES
+
+
+def test_loads_an_onnx_export_and_matches_onnxruntime(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    ref = _ref(fused=True, seed=5)  # Ultralytics exports fused convs
+    path = tmp_path / "y.onnx"
+    x = torch.rand(1, 3, 64, 96)
+    with warnings.catch_warnings():  # the tracer's notes on the anchors' Python loops
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Export(ref), (x,), str(path), dynamo=False, opset_version=13,
+                          input_names=["images"], output_names=["output0"])  # fmt: skip
+    proto = onnx.load(str(path))
+    proto.metadata_props.add(key="names", value=str({i: f"k{i}" for i in range(5)}))
+    onnx.save(proto, str(path))
+    want = ort.InferenceSession(str(path)).run(None, {"images": x.numpy()})[0]
+    m = YOLOv8.from_pretrained(path)
+    assert m.config.fused and m.config.num_classes == 5
+    got = m(ember.from_numpy(x.numpy())).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    det = YOLODetector.load(path, size=96)
+    assert det.labels == [f"k{i}" for i in range(5)]
+    bad = tmp_path / "other.onnx"
+    proto = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", 1, [1])],
+        [onnx.helper.make_tensor_value_info("y", 1, [1])]))  # fmt: skip
+    onnx.save(proto, str(bad))
+    with pytest.raises(FormatError, match="not a YOLOv8 export"):
+        YOLOv8.from_pretrained(bad)
 
 
 def test_ultralytics_pickled_model_is_refused_with_a_hint(tmp_path):

@@ -172,13 +172,18 @@ class YOLODetector:
 
     @classmethod
     def load(cls, weights, optimize: bool = True, size: int = 640, auto: bool = True):
-        """A detector from a YOLOv8 checkpoint (.safetensors, a .pt state dict, or a mapping)."""
-        from ember.models.vision.yolo import YOLOv8
+        """A detector from YOLOv8 weights (.safetensors, a .pt state dict, an ONNX export)."""
+        import os
+
+        from ember.models.vision.yolo import YOLOv8, onnx_class_names
 
         model = YOLOv8.from_pretrained(weights)
         if optimize:
             model = model.optimize_for_inference(inplace=True)
         labels = coco_labels() if model.config.num_classes == 80 else []
+        if isinstance(weights, (str, os.PathLike)) and os.fspath(weights).endswith(".onnx"):
+            names = onnx_class_names(weights)
+            labels = names if names and len(names) == model.config.num_classes else labels
         return cls(model, labels, size, auto)
 
     def predict(self, image, conf: float = 0.25, iou: float = 0.7) -> np.ndarray:

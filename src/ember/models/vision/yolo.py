@@ -11,6 +11,7 @@ mapping boxes back to the image are in ember.models.vision.detection.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import ember
@@ -276,7 +277,7 @@ class YOLOv8(nn.Module):
 
     @classmethod
     def from_pretrained(cls, src, num_classes: int | None = None) -> YOLOv8:
-        """A model from a state dict (.pt/.pth, .safetensors, mapping); size read from shapes."""
+        """A model from a state dict (.pt/.pth, .safetensors, mapping) or an ONNX export."""
         sd = _state_dict(src)
         cfg = config_from_state_dict(sd)
         if num_classes is not None and num_classes != cfg.num_classes:
@@ -288,6 +289,8 @@ class YOLOv8(nn.Module):
 
 def _state_dict(src) -> dict:
     """name -> array from a checkpoint, with a clear word for Ultralytics' pickled models."""
+    if isinstance(src, (str, os.PathLike)) and os.fspath(src).endswith(".onnx"):
+        return _onnx_weights(src)
     try:
         return checkpoint_from(src)
     except FormatError as e:
@@ -299,6 +302,34 @@ def _state_dict(src) -> dict:
             "`safetensors.torch.save_file(YOLO('yolov8n.pt').model.state_dict(), "
             "'yolov8n.safetensors')` (or torch.save of that state_dict)"
         ) from None
+
+
+def _onnx_weights(path) -> dict:
+    """The weights of an Ultralytics ONNX export: its initializers keep the module names."""
+    import ember.onnx
+
+    inits = ember.onnx.load(path).initializers
+    sd = {k: v for k, v in inits.items() if k.startswith("model.")}
+    if "model.0.conv.weight" not in sd:
+        raise FormatError(f"{path}: no 'model.0.conv.weight' initializer: not a YOLOv8 export")
+    return checkpoint_from(sd)
+
+
+def onnx_class_names(path) -> list | None:
+    """Class names an Ultralytics ONNX export records ('names' metadata), else None."""
+    import ast
+
+    from ember.onnx._proto import import_onnx
+
+    model = import_onnx().load(os.fspath(path), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:
+        names = ast.literal_eval(meta.get("names", "None"))  # a literal, never code
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(names, dict) or sorted(names) != list(range(len(names))):
+        return None
+    return [str(names[i]) for i in range(len(names))]
 
 
 def config_from_state_dict(sd) -> YOLOv8Config:
