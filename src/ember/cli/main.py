@@ -23,6 +23,7 @@ COMMANDS = {
     "embed": "Sentence embeddings of texts or stdin lines (bundled all-MiniLM-L6-v2 by default).",
     "transcribe": "Speech to text from a WAV file with Whisper (bundled tiny.en by default).",
     "classify": "Classify images: top-5 ImageNet labels (bundled EfficientNet-Lite0 by default).",
+    "detect": "Detect objects in images with YOLOv8 (COCO boxes, printed and drawn).",
     "serve": "An OpenAI-compatible server: chat, completions, embeddings (the 'serve' extra).",
     "finetune": "LoRA / QLoRA fine-tuning on JSONL chat or prompt/completion records.",
     "list": "List the bundled models and where they are installed.",
