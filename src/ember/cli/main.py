@@ -22,6 +22,7 @@ COMMANDS = {
     "inspect": "Show a model file's format, metadata, tensor table, dtypes and sizes.",
     "embed": "Sentence embeddings of texts or stdin lines (bundled all-MiniLM-L6-v2 by default).",
     "transcribe": "Speech to text from a WAV file with Whisper (bundled tiny.en by default).",
+    "codec": "EnCodec audio codes: `codec encode in.wav out.npz`, `codec decode in.npz out.wav`.",
     "classify": "Classify images: top-5 ImageNet labels (bundled EfficientNet-Lite0 by default).",
     "detect": "Detect objects in images with YOLOv8 (COCO boxes, printed and drawn).",
     "serve": "An OpenAI-compatible server: chat, completions, embeddings (the 'serve' extra).",

@@ -115,8 +115,11 @@ def log_mel_spectrogram(
     return ((log + 4.0) / 4.0).astype(np.float32)
 
 
-def load_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
-    """(float32 mono samples in [-1, 1], sample_rate) from a PCM WAV file (stereo is averaged)."""
+def load_wav(path: str | os.PathLike, mono: bool = True) -> tuple[np.ndarray, int]:
+    """(float32 samples in [-1, 1], sample_rate) from a PCM WAV file.
+
+    mono: average the channels to (samples,); else keep them, (channels, samples).
+    """
     try:
         with wave.open(os.fspath(path), "rb") as w:
             channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
@@ -143,6 +146,8 @@ def load_wav(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     else:
         raise UnsupportedError(f"{path}: {8 * width}-bit WAV samples are not supported")
     x = x.reshape(-1, channels)
+    if not mono:
+        return np.ascontiguousarray(x.T, dtype=np.float32), rate
     return (x[:, 0] if channels == 1 else x.mean(axis=1)).astype(np.float32), rate
 
 
