@@ -38,19 +38,19 @@ def run_json(capsys, *argv) -> dict:
 
 
 def test_generate_uses_the_chat_template_by_default(capsys):
-    assert main(["generate", "What is the capital of France?", "--max-tokens", "12"]) == 0
+    assert main(["generate", "Name the capital of France.", "--max-tokens", "12"]) == 0
     assert "Paris" in capsys.readouterr().out
-    raw = run_json(capsys, "What is the capital of France?", "--raw", "--max-tokens", "1")
-    templated = run_json(capsys, "What is the capital of France?", "--max-tokens", "1")
+    raw = run_json(capsys, "Name the capital of France.", "--raw", "--max-tokens", "1")
+    templated = run_json(capsys, "Name the capital of France.", "--max-tokens", "1")
     assert raw["chat_template"] is False and templated["chat_template"] is True
-    assert raw["usage"]["prompt_tokens"] == 7  # the text alone (no bos for SmolLM2)
+    assert raw["usage"]["prompt_tokens"] == 6  # the text alone (no bos for SmolLM2)
     assert templated["usage"]["prompt_tokens"] > 20  # system prompt + turn markers
 
 
 def test_generate_json(capsys):
-    doc = run_json(capsys, "What is the capital of France?", "--max-tokens", "12")
+    doc = run_json(capsys, "Name the capital of France.", "--max-tokens", "12")
     assert "Paris" in doc["text"] and doc["finish_reason"] == "stop"
-    assert doc["model"].endswith(".gguf") and doc["prompt"] == "What is the capital of France?"
+    assert doc["model"].endswith(".gguf") and doc["prompt"] == "Name the capital of France."
     assert 0 < doc["usage"]["completion_tokens"] <= 12
     t = doc["timings"]
     assert 0 < t["time_to_first_token_s"] <= t["total_s"] and t["tokens_per_s"] > 0
@@ -59,7 +59,7 @@ def test_generate_json(capsys):
 
 
 def test_generate_stats_and_stop(capsys):
-    assert main(["generate", "What is the capital of France?", "--max-tokens", "12",
+    assert main(["generate", "Name the capital of France.", "--max-tokens", "12",
                  "--stats", "--stop", "Paris"]) == 0  # fmt: skip
     out, err = capsys.readouterr()
     assert "Paris" not in out and "capital" in out
@@ -67,10 +67,10 @@ def test_generate_stats_and_stop(capsys):
 
 
 def test_prompt_from_stdin(capsys, monkeypatch):
-    stdin(monkeypatch, "What is the capital of France?\n")
+    stdin(monkeypatch, "Name the capital of France.\n")
     doc = run_json(capsys, "-", "--max-tokens", "12")
-    assert doc["prompt"] == "What is the capital of France?" and "Paris" in doc["text"]
-    stdin(monkeypatch, "What is the capital of France?\n")
+    assert doc["prompt"] == "Name the capital of France." and "Paris" in doc["text"]
+    stdin(monkeypatch, "Name the capital of France.\n")
     assert main(["chat", "--once", "-", "--max-tokens", "12", "--temperature", "0"]) == 0
     assert "Paris" in capsys.readouterr().out
 
@@ -114,7 +114,7 @@ def test_chat_commands_save_load_help(capsys, monkeypatch, tmp_path):
     saved = tmp_path / "conv.json"
     script = (
         "/help\n"
-        "What is the capital of France?\n"
+        "Name the capital of France.\n"
         f"/save {saved}\n"
         "/reset\n"
         f"/load {saved}\n"
@@ -185,9 +185,9 @@ def test_ctrl_c_stops_an_answer_not_the_chat(capsys, monkeypatch, tmp_path):
 
     monkeypatch.setattr(chat, "complete", interrupted_once)
     saved = tmp_path / "c.json"
-    stdin(monkeypatch, f"Tell me a story.\nWhat is the capital of France?\n/save {saved}\n")
+    stdin(monkeypatch, f"Tell me a story.\nName the capital of France.\n/save {saved}\n")
     assert main(["chat", "--max-tokens", "12", "--temperature", "0"]) == 0
     out, err = capsys.readouterr()
     assert "(answer stopped)" in err and "Paris" in out
     roles = [(m["role"], m["content"][:5]) for m in json.loads(saved.read_text())["messages"]]
-    assert roles[0] == ("user", "What ") and len(roles) == 2
+    assert roles[0] == ("user", "Name ") and len(roles) == 2

@@ -7,7 +7,7 @@ from ember.cli.main import main
 
 
 def test_generate_greedy(capsys):
-    assert main(["generate", "What is the capital of France?", "--chat", "--max-tokens", "12"]) == 0
+    assert main(["generate", "Name the capital of France.", "--chat", "--max-tokens", "12"]) == 0
     assert "Paris" in capsys.readouterr().out
 
 
@@ -23,7 +23,7 @@ def test_generate_sampling_options_and_stop(capsys):
 
 def test_chat_history_and_reset(monkeypatch, capsys):
     monkeypatch.setattr(
-        sys, "stdin", io.StringIO("What is the capital of France?\n/reset\n/exit\n")
+        sys, "stdin", io.StringIO("Name the capital of France.\n/reset\n/exit\n")
     )
     assert main(["chat", "--max-tokens", "12", "--temperature", "0"]) == 0
     captured = capsys.readouterr()

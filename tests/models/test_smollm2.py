@@ -32,9 +32,13 @@ def test_weights_stay_quantized_and_mapped(smol):
 
 
 def test_capital_of_france(smol):
+    # "What is the capital of France?" is a near tie for this model ("The" 0.08 logits above "L"
+    # with float activations); with int8 activations, as llama.cpp's own Q8_1 products also have,
+    # both ember and llama.cpp answer "L'Étoile, ...". This wording leads by over a logit at
+    # every step of the answer on either path.
     model, tok, _ = smol
     prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+        [{"role": "user", "content": "Name the capital of France."}], add_generation_prompt=True
     )
     answer = generate(model, tok, prompt, max_new_tokens=24, add_special_tokens=False)
     assert "Paris" in answer, answer
