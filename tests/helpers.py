@@ -335,19 +335,23 @@ def _compare_kernel(got, want, rtol, atol, what) -> None:
 
 
 class threads_set:
-    """Run a block with numba at n threads (restored after)."""
+    """Run a block with numba and ember's worker pool at n threads (restored after)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
 
     def __enter__(self) -> None:
-        from ember.kernels.cpu import numba_or_none
+        from ember.kernels.cpu import numba_or_none, pool
 
         self.nb = numba_or_none()
         if self.nb is not None:
             self.prev = self.nb.get_num_threads()
             self.nb.set_num_threads(self.n)
+        pool.set_workers(self.n - 1)
 
     def __exit__(self, *exc) -> None:
+        from ember.kernels.cpu import pool
+
         if self.nb is not None:
             self.nb.set_num_threads(self.prev)
+        pool.reconfigure()

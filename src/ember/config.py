@@ -8,7 +8,7 @@ same in every module. Tests that need another value run a fresh process with the
 | ``EMBER_NO_NUMBA`` | ``1`` / ``true`` | never import numba: kernels that need it step aside, ops run their numpy references |
 | ``EMBER_KERNELS`` | ``all`` (default), ``reference`` | ``reference``: the registry picks no kernel |
 | ``EMBER_SGEMM_ISA`` | ``avx512``, ``avx2``, ``none`` | cap the LLVM IR microkernel family (``none``: numpy) |
-| ``EMBER_QUANT_DOT`` | ``int8`` (default), ``int8-256``, ``float`` | ``float``: Q4_0/Q4_1 decode products dequantize to float instead of quantizing x to int8 (kernels.cpu.quant._idot); ``int8-256``: their 256-bit loop even where AVX-512 VNNI runs two blocks per 512-bit step |
+| ``EMBER_QUANT_DOT`` | ``int8`` (default), ``int8-256``, ``float`` | ``float``: Q8_0/Q4_0/Q4_1 small products dequantize to float instead of quantizing x to int8 (kernels.cpu.quant._idot); ``int8-256``: their 256-bit loop even where AVX-512 VNNI runs two blocks per 512-bit step |
 | ``EMBER_MALLOC`` | ``keep`` (default), ``system`` | ``system``: leave glibc's malloc thresholds alone (ember.memory) |
 | ``EMBER_FUZZ_EXAMPLES`` | an int | tests only: a longer randomised run of the reader fuzzer |
 
@@ -51,3 +51,4 @@ MALLOC: str = _choice("EMBER_MALLOC", ("keep", "system"), "keep")
 FUZZ_EXAMPLES: int | None = (
     int(os.environ["EMBER_FUZZ_EXAMPLES"]) if os.environ.get("EMBER_FUZZ_EXAMPLES") else None
 )
+

@@ -23,6 +23,9 @@ def set_num_threads(n: int) -> None:
 
     if "numba" in sys.modules:
         apply_numba_threads()
+    pool = sys.modules.get("ember.kernels.cpu.pool")
+    if pool is not None:
+        pool.reconfigure()
 
 
 def apply_numba_threads() -> None:

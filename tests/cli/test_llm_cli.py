@@ -22,9 +22,7 @@ def test_generate_sampling_options_and_stop(capsys):
 
 
 def test_chat_history_and_reset(monkeypatch, capsys):
-    monkeypatch.setattr(
-        sys, "stdin", io.StringIO("Name the capital of France.\n/reset\n/exit\n")
-    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Name the capital of France.\n/reset\n/exit\n"))
     assert main(["chat", "--max-tokens", "12", "--temperature", "0"]) == 0
     captured = capsys.readouterr()
     assert "Paris" in captured.out and "history cleared" in captured.err

@@ -329,7 +329,9 @@ def test_linear_with_real_qtensor(shape):
     ref = ember.linear(x, ember.from_numpy(q.dequantize()), b)
     out = ember.linear(x, q, b)
     assert tuple(out.shape) == shape[:-1] + (8,)
-    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+    # within the int8 step of x (EMBER_QUANT_DOT), against the scale of the terms
+    terms = np.abs(x.numpy()) @ np.abs(q.dequantize()).T
+    assert (np.abs(out.numpy() - ref.numpy()) <= 0.01 * terms + 1e-5).all()
 
 
 def test_einsum_result_never_aliases_its_input():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import ember
+from ember import config
 from ember.kernels import registry
 from ember.kernels.cpu.quant import transposed
 from ember.models import AutoModelForCausalLM
@@ -89,6 +90,9 @@ def _no_full_decode(monkeypatch):
 
 
 def test_qlora_trains_only_adapters_on_quantized_weights(tiny, monkeypatch):  # noqa: F811
+    # float activations, so that the quantized and the dense model compute the same products
+    # (by default Q8_0 products quantize x to int8, as llama.cpp's do)
+    monkeypatch.setattr(config, "QUANT_DOT", "float")
     model = AutoModelForCausalLM.from_pretrained(tiny, quantize="q8_0")
     dense = AutoModelForCausalLM.from_pretrained(tiny)  # the same weights, dequantized
     for name, mod in model.named_modules():

@@ -1,4 +1,5 @@
-"""Q8_0's product for 1..16 rows of float32 x (``_idot``'s "Q8_0F" kernels, no quantized x).
+"""Q8_0's product for 1..16 rows of float32 x (``_idot``'s "Q8_0F" kernels, no quantized x;
+what Q8_0 runs under ``EMBER_QUANT_DOT=float``).
 
 Against a float64 product of the dequantized weight (float32 rounding only), batch invariance
 (row i of an M-row product is bitwise x[i] alone, at every thread count and split), non-finite
@@ -16,6 +17,12 @@ from tests.helpers import _thread_counts, check_kernel, threads_set
 from tests.quant.conftest import random_blocks
 
 pytestmark = pytest.mark.skipif(_idot.state() is None, reason="no AVX2 / llvmlite here")
+
+
+@pytest.fixture(autouse=True)
+def _float_x(monkeypatch):
+    """Q8_0 products keep float x (EMBER_QUANT_DOT=float; the default quantizes x to int8)."""
+    monkeypatch.setattr(config, "QUANT_DOT", "float")
 
 
 def _q8():
@@ -43,23 +50,19 @@ def _exact(w3, x):
     return np.asarray(x, np.float64) @ wf.T, np.abs(np.asarray(x, np.float64)) @ np.abs(wf).T
 
 
-@pytest.fixture(params=["serial", "static", "dynamic"])
+@pytest.fixture(params=["one chunk", "small chunks"])
 def schedule(request, monkeypatch):
-    """The thread split: one thread, static row chunks, chunks handed out one at a time."""
-    if request.param != "serial":
-        monkeypatch.setattr(_common, "SERIAL_MAX_BYTES", 0)
-        dyn = 0 if request.param == "dynamic" else 1 << 40
-        monkeypatch.setattr(_common, "DYNAMIC_MIN_BYTES", dyn)
+    """How kernels.cpu.pool splits the weight's rows: one chunk, or chunks of two rows (which
+    the worker threads share with the caller)."""
+    monkeypatch.setattr(_idot, "CHUNK_BYTES", 1 << 40 if request.param == "one chunk" else 1)
     return request.param
 
 
 def test_q8_0_picks_the_float_x_kernel(monkeypatch):
-    assert _q8().small_kernel() == "Q8_0F"
-    monkeypatch.setattr(config, "QUANT_DOT", "float")  # float activations: this one still
-    assert _q8().small_kernel() == "Q8_0F" and not _q8().int_dot()
-    monkeypatch.setattr(_common, "INT_DOT_FORMATS", ("Q8_0",))
-    monkeypatch.setattr(config, "QUANT_DOT", "int8")
-    assert _q8().small_kernel() == "Q8_0"
+    assert _q8().small_kernel() == "Q8_0F"  # float activations (this module's fixture)
+    assert not _q8().int_dot()
+    monkeypatch.setattr(config, "QUANT_DOT", "int8")  # the default: int8 activations
+    assert _q8().small_kernel() == "Q8_0" and _q8().int_dot()
 
 
 @pytest.mark.parametrize("k", [32, 96, 576, 1536])

@@ -41,12 +41,11 @@ from ember.quant.formats import block_format, dequantize
 
 F32 = np.float32
 U8 = np.uint8
-# Formats whose decode products quantize x to int8 (kernels in _idot). Q8_0 keeps float x:
-# at M = 1 its integer kernel is only level with the float one on large weights (the bundled
-# model's 49152-row head), and the int8 step flips near ties float keeps (the bundled SmolLM2's
-# answer to "What is the capital of France?": "Paris" with a float head, "L'Étoile" with an int8
-# one, as llama.cpp answers). _idot's Q8_0 kernel stays built and tested for when it pays.
-INT_DOT_FORMATS = ("Q4_0", "Q4_1")
+# Formats whose small products quantize x to int8 (kernels in _idot), as llama.cpp's do. Q8_0's
+# integer kernel reads the bundled model's 49152-row head 1.6x faster than its float-x one
+# (1279 vs 2080 us at 1 thread, 718 vs 1105 at 2; an ad-hoc run on Zen 5), which stays for
+# EMBER_QUANT_DOT=float.
+INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 # up to this many rows of x the _idot kernels beat decoding float32 tiles for BLAS (an ad-hoc
 # 2-thread sweep of the bundled SmolLM2's products on AVX-512 VNNI: up to 128-192 rows for
@@ -342,8 +341,7 @@ class QuantKernels:
     def _int_product(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` by the ``_idot`` kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
         y = np.empty((x.shape[0], w3.shape[0]), F32)
-        fn, args = _idot.driver_args(self.small_kernel(), w3, x, y)
-        _run_chunks(fn, args, w3.shape[0], w3.nbytes, x.shape[0])
+        _idot.product(self.small_kernel(), w3, x, y)
         return y
 
     def run_matmul_t(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -30,8 +30,9 @@ assert that bound against a float64 reference of the dequantized weight).
 
 The loops over weight rows are LLVM IR (``_kernel_ir``, one function per format and number of x
 rows g = 1..G_MAX), compiled with ``gemm.jit_ir`` and called by a numba driver (``_driver_py``)
-that quantizes x and hands out chunks of weight rows over numba's threads; with more than G_MAX
-rows of x it sweeps a chunk in sub-blocks that stay in L1 while each group of rows reads them.
+that quantizes x and hands chunks of weight rows to ``kernels.cpu.pool``'s threads (work
+claiming: a late or preempted thread never holds the caller up); each chunk runs every group
+of G_MAX rows of x while its weight rows stay in cache.
 ``Q8_0F`` is the same loop for Q8_0 weights and float32 x (no quantization of x): each block
 decodes to ``d_w * q_w`` (exact in float32); its products with x are summed in L lanes (L = 16
 on AVX-512, 8 on AVX2: one multiply, then FMAs) and added to the (weight row, x row)
@@ -55,7 +56,8 @@ from ember.errors import DTypeError, ShapeError
 
 G_MAX = 4  # x rows one kernel call carries (an accumulator each, in registers)
 MAX_M = 16  # up to this many rows of x, linear_q runs the integer kernels
-SUB_BYTES = 1 << 14  # with more than G_MAX rows, a chunk is swept in sub-blocks of this size
+CHUNK_BYTES = 1 << 15  # weight bytes (times groups of G_MAX x rows) per chunk of pool work
+MAX_GROUPS_ROWS = 4 * 32  # x rows one pool job carries (kernels.cpu.pool.MAX_GROUPS groups)
 # bytes ahead of the current block that each block step prefetches (as _common.PREFETCH_BYTES;
 # 768 before: an ad-hoc one-thread sweep read a 1B model's Q4_0/Q4_1 rows from DRAM at 9.6-10.7
 # GB/s instead of 6.7-6.9; bench/quant.py's DRAM columns are the measurement of record)
@@ -64,7 +66,7 @@ PREFETCH = 6144
 # qtype -> (format id, bytes per block, offset of the quants, kind); kind: "s8" signed bytes,
 # "s4" nibbles minus 8, "u4" nibbles with a min (fp16 at byte 2)
 SPECS = {"Q8_0": (0, 34, 2, "s8"), "Q4_0": (1, 18, 2, "s4"), "Q4_1": (2, 20, 4, "u4")}
-# Q8_0 weights times float32 x ("f8": no quantization of x), format id 3; see driver_args
+# Q8_0 weights times float32 x ("f8": no quantization of x), format id 3; see product
 FLOAT_SPEC = (3, 34, 2, "f8")
 KERNELS = (*SPECS, "Q8_0F")  # format-major, in format id order
 _STATE: dict = {}
@@ -510,48 +512,10 @@ def _has_vnni(features: dict, isa: str) -> bool:
 
 
 # ------------------------------------------------------------------ numba driver
-prange = range  # numba.prange, bound by _build
-_call = None  # _call_py compiled
 _quantize = None  # quantize_rows_py compiled
-_e = [None] * (len(KERNELS) * G_MAX)  # the kernels (ExternalFunction), format-major
-(_e0, _e1, _e2, _e3, _e4, _e5, _e6, _e7, _e8, _e9, _e10, _e11, _e12, _e13, _e14, _e15) = _e
-
-
-def _call_py(f, g, a):  # pragma: no cover - compiled
-    """The kernel of format f (0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q8_0 x float) for g rows of x (1..4)."""
-    i = 4 * f + g - 1
-    if i == 0:
-        _e0(*a)
-    elif i == 1:
-        _e1(*a)
-    elif i == 2:
-        _e2(*a)
-    elif i == 3:
-        _e3(*a)
-    elif i == 4:
-        _e4(*a)
-    elif i == 5:
-        _e5(*a)
-    elif i == 6:
-        _e6(*a)
-    elif i == 7:
-        _e7(*a)
-    elif i == 8:
-        _e8(*a)
-    elif i == 9:
-        _e9(*a)
-    elif i == 10:
-        _e10(*a)
-    elif i == 11:
-        _e11(*a)
-    elif i == 12:
-        _e12(*a)
-    elif i == 13:
-        _e13(*a)
-    elif i == 14:
-        _e14(*a)
-    else:
-        _e15(*a)
+_run = None  # kernels.cpu.pool's ember_pool_run (ExternalFunction)
+# the pool's job words the driver fills (kernels.cpu.pool's layout), bound by _build
+_CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
 
 
 def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
@@ -589,67 +553,61 @@ def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
             xs[i, b] = d * np.float32(t)
 
 
-def _driver_py(f, w, x, y, xq, xd, xs, chunk):  # pragma: no cover - compiled
+def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, fns):  # pragma: no cover - compiled
     """y (M, N) = x @ W.T for W's (N, blocks, bytes) uint8 blocks of format f, x float32 (M, K).
 
-    Tasks of ``chunk`` weight rows; with more than G_MAX rows of x a task sweeps its rows in
-    sub-blocks of about SUB_BYTES, which stay in L1 while each group of x rows reads them.
-    xq, xd, xs: scratch for x's Q8 blocks, from the caller (the kernels see raw addresses
-    only: arrays allocated here could be freed by numba before the loop that reads them).
+    Quantizes x, then hands the weight's rows to ``kernels.cpu.pool`` in chunks of ``chunk``
+    rows; each chunk runs the kernel for every group of up to G_MAX rows of x while its weight
+    rows stay in cache. ``fns``: the kernels' addresses, format-major. xq, xd, xs: scratch for
+    x's Q8 blocks, from the caller (the kernels see raw addresses only: arrays allocated here
+    could be freed by numba before the pool reads them). Returns the cycles the caller waited.
     """
     m, k = x.shape
     n, nb, bs = w.shape
     xb = 4 * k if f == 3 else k  # bytes per row of what the kernels read: x, or its int8 blocks
     if f != 3:
         _quantize(x, xq, xd, xs)
-    wa, qa, da, sa, ya = (
-        w.ctypes.data,
-        x.ctypes.data if f == 3 else xq.ctypes.data,
-        xd.ctypes.data,
-        xs.ctypes.data,
-        y.ctypes.data,
-    )
-    rowb = nb * bs
-    sub = chunk if m <= G_MAX else max(1, min(chunk, SUB_BYTES // rowb))
-    for c in prange((n + chunk - 1) // chunk):
-        r1 = min(n, c * chunk + chunk)
-        for s0 in range(c * chunk, r1, sub):
-            s1 = min(r1, s0 + sub)
-            for m0 in range(0, m, G_MAX):
-                g = min(G_MAX, m - m0)
-                o = m0 * nb * 4
-                a = (wa, rowb, nb, s0, s1, qa + m0 * xb, xb, da + o, sa + o, nb, ya + m0 * n * 4, n)
-                _call(f, g, a)
+    qa = x.ctypes.data if f == 3 else xq.ctypes.data
+    da, sa, ya = xd.ctypes.data, xs.ctypes.data, y.ctypes.data
+    ctrl[_CHUNK] = chunk
+    ctrl[_ROWS] = n
+    ctrl[_WI] = w.ctypes.data
+    ctrl[_ROWB] = nb * bs
+    ctrl[_NB] = nb
+    ctrl[_LDX] = xb
+    ctrl[_LDD] = nb
+    ctrl[_LDY] = n
+    groups = (m + G_MAX - 1) // G_MAX
+    ctrl[_GROUPS] = groups
+    for j in range(groups):
+        m0 = j * G_MAX
+        g = min(G_MAX, m - m0)
+        o = _GROUP0 + _GROUP_WORDS * j
+        ctrl[o] = fns[G_MAX * f + g - 1]
+        ctrl[o + 1] = qa + m0 * xb
+        ctrl[o + 2] = da + m0 * nb * 4
+        ctrl[o + 3] = sa + m0 * nb * 4
+        ctrl[o + 4] = ya + m0 * n * 4
+    return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk)
 
 
 def _build(nb, vnni: bool):
     from numba import types
 
-    from ember.kernels.cpu import vecmath
+    from ember.kernels.cpu import pool, vecmath
 
     g = globals()
-    i64 = types.int64
-    sig = types.void(*([i64] * 12))
-    suffix = "_vnni" if vnni else ""
-    for f, q in enumerate(KERNELS):
-        for r in range(1, G_MAX + 1):
-            name = f"ember_qdot_{q.lower()}_{r}{suffix}"
-            g[f"_e{4 * f + r - 1}"] = types.ExternalFunction(name, sig)
-    g["prange"] = nb.prange
+    g["_run"] = types.ExternalFunction("ember_pool_run", types.int64(types.int64, types.int64))
+    for name in ("CHUNK", "ROWS", "GROUPS", "WI", "ROWB", "NB", "LDX", "LDD", "LDY", "GROUP0",
+                 "GROUP_WORDS"):  # fmt: skip
+        g[f"_{name}"] = getattr(pool, name)
     opts = dict(cache=True, nogil=True, error_model="numpy")
     g["_quantize"] = nb.njit(**opts)(quantize_rows_py)  # no fast-math: numpy's roundings
-    key = sys.modules[__name__]
-    call, drv = vecmath.keyed(_call_py, key), vecmath.keyed(_driver_py, key)
-    if vnni:  # the kernel names differ: cache entries of their own (the dispatcher links them)
-        from ember.kernels.cpu import renamed
-
-        call, drv = renamed(call, "vnni"), renamed(drv, "vnni")
-    g["_call"] = nb.njit(**opts)(call)
-    return nb.njit(parallel=True, **opts)(drv)
+    return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool))
 
 
 def state() -> dict | None:
-    """Compile the kernels and the driver once; None where they cannot run here."""
+    """Compile the kernels, the pool and the driver once; None where they cannot run here."""
     if "ok" not in _STATE:
         _STATE["ok"] = False
         from ember.kernels.cpu import numba_or_none
@@ -657,9 +615,10 @@ def state() -> dict | None:
         nb = numba_or_none()
         if nb is not None:
             from ember.kernels.cpu import gemm as G
+            from ember.kernels.cpu import pool
 
             isa = G.isa()  # None without llvmlite, AVX2+FMA, or under EMBER_SGEMM_ISA=none
-            if isa is not None:
+            if isa is not None and pool.state() is not None:
                 import llvmlite.binding as llvm
 
                 features = llvm.get_host_cpu_features()
@@ -667,11 +626,15 @@ def state() -> dict | None:
                 wide = vnni and _has_wide(features, isa)
                 suffix = "_vnni" if vnni else ""
                 names = [
-                    f"ember_qdot_{q.lower()}_{r}{suffix}" for q in KERNELS for r in range(1, 5)
+                    f"ember_qdot_{q.lower()}_{r}{suffix}"
+                    for q in KERNELS
+                    for r in range(1, G_MAX + 1)
                 ]
                 lanes = G.ISAS[isa][0]  # Q8_0F's accumulators: one vector register
                 engine = G.jit_ir(module_ir(vnni, lanes, wide), names)
-                _STATE.update(ok=True, engine=engine, vnni=vnni, wide=wide, driver=_build(nb, vnni))
+                fns = np.array([engine.get_function_address(n) for n in names], np.int64)
+                _STATE.update(ok=True, engine=engine, vnni=vnni, wide=wide, fns=fns,
+                              driver=_build(nb, vnni))  # fmt: skip
     return _STATE if _STATE["ok"] else None
 
 
@@ -701,16 +664,41 @@ def check(qtype: str, w3, x, y) -> None:
         raise ShapeError(f"qdot: x {x.shape} and y {y.shape} do not fit the weight {(n, nb * 32)}")
 
 
-def driver_args(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple:
-    """(driver, args): ``driver(*args, chunk)`` computes y = x @ W.T; operands checked here."""
+def product(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """y = x @ W.T by the kernel of qtype (operands checked here), on the pool's threads."""
+    m = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else 0
+    if m > MAX_GROUPS_ROWS:
+        for m0 in range(0, m, MAX_GROUPS_ROWS):
+            product(qtype, w3, x[m0 : m0 + MAX_GROUPS_ROWS], y[m0 : m0 + MAX_GROUPS_ROWS])
+        return
+    bind(qtype, w3, x, y)()
+
+
+def bind(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """A no-argument function computing y = x @ W.T on these arrays (checked here, up to
+    MAX_GROUPS_ROWS rows of x), whatever x holds when it is called: the product of a captured
+    step (ember.nn.graph) is one call of it."""
+    from ember.kernels.cpu import pool
+
     check(qtype, w3, x, y)
     m, k = x.shape
-    if qtype == "Q8_0F":  # the kernels read x itself: no scratch
-        m = k = 32
-    xq = np.empty((m, k), np.int8)
-    xd = np.empty((m, k // 32), np.float32)
-    xs = np.empty((m, k // 32), np.float32)
-    return _STATE["driver"], (SPECS.get(qtype, FLOAT_SPEC)[0], w3, x, y, xq, xd, xs)
+    if m > MAX_GROUPS_ROWS:
+        raise ShapeError(f"qdot: {m} rows of x, at most {MAX_GROUPS_ROWS} per product")
+    st = _STATE if _STATE.get("ok") else state()
+    mq, kq = (32, 32) if qtype == "Q8_0F" else (m, k)  # Q8_0F reads x itself: no scratch
+    xq = np.empty((mq, kq), np.int8)
+    xd = np.empty((mq, kq // 32), np.float32)
+    xs = np.empty((mq, kq // 32), np.float32)
+    n, rowb = w3.shape[0], w3.shape[1] * w3.shape[2]
+    # about CHUNK_BYTES of weight rows per chunk, per group of G_MAX rows of x that reads them
+    groups = -(-m // G_MAX)
+    chunk = max(2, min(n, CHUNK_BYTES // (rowb * groups)) & ~1)
+    driver, f, fns, ctrl = st["driver"], SPECS.get(qtype, FLOAT_SPEC)[0], st["fns"], pool.ctrl
+
+    def run() -> None:
+        driver(f, w3, x, y, xq, xd, xs, chunk, ctrl(), fns)
+
+    return run
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,358 @@
+"""ember's own worker threads for row-chunked kernels: the caller never waits for a late thread.
+
+A numba ``prange`` region (OpenMP underneath) ends at a barrier that every thread of the team
+must reach: when another process holds a core, each region waits for the preempted thread, a
+time slice at a time, and a decode step has over a hundred of them (a 135M model decoded at
+2 threads fell below its 1-thread speed on a busy machine). This pool runs a *job* (a kernel
+over the chunks of a weight's rows) by work claiming instead:
+
+- the caller (the "master") publishes the job and claims chunks itself; workers that are awake
+  claim the others with a compare-and-swap on one 64-bit ticket (the job's generation, its
+  chunk count and the next free chunk), so a worker that was asleep or preempted when the job
+  started simply finds nothing left to take;
+- the master waits only for chunks a worker has claimed and not finished; when that wait was
+  long (the worker was preempted mid-chunk), the next ``SOLO_JOBS`` jobs run on the master
+  alone before the workers are asked again;
+- workers spin for about ``SPIN_CYCLES`` between jobs (a decode step's products are tens of
+  microseconds apart), then sleep with a backoff up to ``MAX_SLEEP_US``.
+
+Every chunk writes rows of the output that no other chunk writes, and each row is computed by
+one kernel call whichever thread runs it, so results are bitwise those of one thread.
+
+A job calls, for each chunk ``[r0, r1)`` of rows and each of up to ``MAX_GROUPS`` groups of
+arguments, ``fn(wi, rowb, nb, r0, r1, xq, ldx, xd, xs, ldd, y, ldy)``: the signature of the
+``_idot`` kernels (``kernels.cpu.quant._idot``). The master side is the LLVM IR function
+``ember_pool_run(ctrl, nchunks)``, which numba drivers call; the workers are Python threads
+parked in ``ember_pool_worker`` (machine code: no GIL held).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+MAX_GROUPS = 32  # argument groups per job (4 rows of x each in _idot: up to 128 rows)
+SPIN_CYCLES = 600_000  # time-stamp cycles a worker spins after a job (~0.2 ms) before sleeping
+FIRST_SLEEP_US, MAX_SLEEP_US = 50, 1000  # then sleeps of 50 us, doubling up to 1 ms
+SOLO_WAIT_CYCLES = 3_000_000  # a master that waited this long (~1 ms) for a worker ...
+SOLO_JOBS = 2048  # ... runs this many jobs alone before asking the workers again
+
+# ctrl: int64 words, on cache lines (8 words) by who writes them: the ticket, the done count,
+# the settings, the counters (``stats``), the job
+TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_TRIGGERS, WORKER_JOBS = 0, 8, 16, 17, 18, 24, 25
+CHUNK, ROWS, GROUPS, WI, ROWB, NB, LDX, LDD, LDY = 32, 33, 34, 35, 36, 37, 38, 39, 40
+GROUP0, GROUP_WORDS = 48, 5  # per group: fn, xq, xd, xs, y
+CTRL_WORDS = GROUP0 + GROUP_WORDS * MAX_GROUPS
+_MASK20 = (1 << 20) - 1
+
+_STATE: dict = {}
+_LOCK = threading.Lock()
+
+
+def _ir() -> list[str]:
+    """The pool's LLVM IR: the chunk runner, the claim loop, the master and the worker."""
+    i64 = "i64"
+    fn_ty = "void (" + ", ".join([i64] * 12) + ")"
+
+    def word(name: str, index: int) -> list[str]:
+        return [
+            f"  %{name}p = getelementptr i64, ptr %p, i64 {index}",
+            f"  %{name} = load i64, ptr %{name}p, align 8",
+        ]
+
+    chunk = ["define internal void @pool_chunk(ptr %p, i64 %idx) {", "entry:"]
+    for name, index in (("chunk", CHUNK), ("n", ROWS), ("ng", GROUPS), ("wi", WI),
+                        ("rowb", ROWB), ("nb", NB), ("ldx", LDX), ("ldd", LDD), ("ldy", LDY)):  # fmt: skip
+        chunk += word(name, index)
+    chunk += [
+        "  %r0 = mul i64 %idx, %chunk",
+        "  %r1e = add i64 %r0, %chunk",
+        "  %r1 = call i64 @llvm.umin.i64(i64 %r1e, i64 %n)",
+        "  br label %grp",
+        "grp:",
+        "  %g = phi i64 [0, %entry], [%g1, %grp]",
+        f"  %gw = mul i64 %g, {GROUP_WORDS}",
+        f"  %base = add i64 %gw, {GROUP0}",
+        "  %fp = getelementptr i64, ptr %p, i64 %base",
+    ]
+    for j, name in enumerate(("fn", "xq", "xd", "xs", "y")):
+        chunk += [
+            f"  %{name}p = getelementptr i64, ptr %fp, i64 {j}",
+            f"  %{name} = load i64, ptr %{name}p, align 8",
+        ]
+    chunk += [
+        "  %f = inttoptr i64 %fn to ptr",
+        f"  call {fn_ty} %f(i64 %wi, i64 %rowb, i64 %nb, i64 %r0, i64 %r1, i64 %xq, i64 %ldx,"
+        " i64 %xd, i64 %xs, i64 %ldd, i64 %y, i64 %ldy)",
+        "  %g1 = add i64 %g, 1",
+        "  %more = icmp ult i64 %g1, %ng",
+        "  br i1 %more, label %grp, label %out",
+        "out:",
+        "  ret void",
+        "}",
+    ]
+    claim = [
+        # take chunks of job `gen` until none is left (or another job has started): the master
+        # from the front, workers from the back, so that each streams through memory in order
+        "define internal void @pool_claim(ptr %p, i64 %gen, i1 %back) {",
+        "entry:",
+        f"  %donep = getelementptr i64, ptr %p, i64 {DONE}",
+        "  br label %loop",
+        "loop:",
+        "  %t = load atomic i64, ptr %p acquire, align 8",
+        "  %tg = lshr i64 %t, 40",
+        "  %same = icmp eq i64 %tg, %gen",
+        "  br i1 %same, label %check, label %out",
+        "check:",
+        f"  %front = and i64 %t, {_MASK20}",
+        "  %t20 = lshr i64 %t, 20",
+        f"  %end = and i64 %t20, {_MASK20}",
+        "  %left = icmp ult i64 %front, %end",
+        "  br i1 %left, label %take, label %out",
+        "take:",
+        "  %tf = add i64 %t, 1",
+        f"  %tb = sub i64 %t, {1 << 20}",
+        "  %t1 = select i1 %back, i64 %tb, i64 %tf",
+        "  %last = sub i64 %end, 1",
+        "  %idx = select i1 %back, i64 %last, i64 %front",
+        "  %cx = cmpxchg ptr %p, i64 %t, i64 %t1 acq_rel acquire, align 8",
+        "  %ok = extractvalue { i64, i1 } %cx, 1",
+        "  br i1 %ok, label %run, label %loop",
+        "run:",
+        "  call void @pool_chunk(ptr %p, i64 %idx)",
+        "  %old = atomicrmw add ptr %donep, i64 1 release, align 8",
+        "  br label %loop",
+        "out:",
+        "  ret void",
+        "}",
+    ]
+    run = [
+        # the master: run job (ctrl's fields) over nch chunks; returns the cycles it waited
+        "define i64 @ember_pool_run(i64 %ctrl, i64 %nch) {",
+        "entry:",
+        "  %p = inttoptr i64 %ctrl to ptr",
+        f"  %activep = getelementptr i64, ptr %p, i64 {ACTIVE}",
+        "  %active = load atomic i64, ptr %activep monotonic, align 8",
+        f"  %solop = getelementptr i64, ptr %p, i64 {SOLO}",
+        "  %solo = load i64, ptr %solop, align 8",
+        "  %none = icmp eq i64 %active, 0",
+        "  %one = icmp ule i64 %nch, 1",
+        "  %issolo = icmp ne i64 %solo, 0",
+        "  %a1 = or i1 %none, %one",
+        "  %alone = or i1 %a1, %issolo",
+        "  br i1 %alone, label %serial, label %publish",
+        "serial:",
+        "  br i1 %issolo, label %dec, label %sloop0",
+        "dec:",
+        "  %solo1 = sub i64 %solo, 1",
+        "  store i64 %solo1, ptr %solop, align 8",
+        "  br label %sloop0",
+        "sloop0:",
+        "  %any = icmp ne i64 %nch, 0",
+        "  br i1 %any, label %sloop, label %sdone",
+        "sloop:",
+        "  %i = phi i64 [0, %sloop0], [%i1, %sloop]",
+        "  call void @pool_chunk(ptr %p, i64 %i)",
+        "  %i1 = add i64 %i, 1",
+        "  %smore = icmp ult i64 %i1, %nch",
+        "  br i1 %smore, label %sloop, label %sdone",
+        "sdone:",
+        "  ret i64 0",
+        "publish:",
+        "  %t = load atomic i64, ptr %p monotonic, align 8",
+        "  %tg = lshr i64 %t, 40",
+        "  %g1 = add i64 %tg, 1",
+        "  %gen = and i64 %g1, 16777215",
+        f"  %donep = getelementptr i64, ptr %p, i64 {DONE}",
+        "  store atomic i64 0, ptr %donep monotonic, align 8",
+        "  %gs = shl i64 %gen, 40",
+        "  %ns = shl i64 %nch, 20",
+        "  %tk = or i64 %gs, %ns",
+        "  store atomic i64 %tk, ptr %p release, align 8",
+        "  call void @pool_claim(ptr %p, i64 %gen, i1 false)",
+        "  %c0 = call i64 @llvm.readcyclecounter()",
+        "  br label %wait",
+        "wait:",
+        "  %d = load atomic i64, ptr %donep acquire, align 8",
+        "  %busy = icmp ult i64 %d, %nch",
+        "  br i1 %busy, label %spin, label %finished",
+        "spin:",
+        "  call void @llvm.x86.sse2.pause()",
+        "  br label %wait",
+        "finished:",
+        "  %c1 = call i64 @llvm.readcyclecounter()",
+        "  %waited = sub i64 %c1, %c0",
+        f"  %late = icmp ugt i64 %waited, {SOLO_WAIT_CYCLES}",
+        "  br i1 %late, label %gosolo, label %back",
+        "gosolo:",
+        f"  store i64 {SOLO_JOBS}, ptr %solop, align 8",
+        f"  %trigp = getelementptr i64, ptr %p, i64 {SOLO_TRIGGERS}",
+        "  %trig = atomicrmw add ptr %trigp, i64 1 monotonic, align 8",
+        "  br label %back",
+        "back:",
+        "  ret i64 %waited",
+        "}",
+    ]
+    worker = [
+        # a worker thread's whole life: wait for jobs, take chunks, until ctrl[SHUTDOWN] != 0
+        "define void @ember_pool_worker(i64 %ctrl, i64 %id) {",
+        "entry:",
+        "  %p = inttoptr i64 %ctrl to ptr",
+        f"  %activep = getelementptr i64, ptr %p, i64 {ACTIVE}",
+        f"  %downp = getelementptr i64, ptr %p, i64 {SHUTDOWN}",
+        "  %t0 = load atomic i64, ptr %p acquire, align 8",
+        "  %seen0 = lshr i64 %t0, 40",
+        "  %start0 = call i64 @llvm.readcyclecounter()",
+        "  br label %wait",
+        "wait:",
+        "  %seen = phi i64 [%seen0, %entry], [%tg, %job], [%seen, %spin], [%seen, %nap]",
+        "  %start = phi i64 [%start0, %entry], [%now2, %job], [%start, %spin], [%start, %nap]",
+        f"  %sleep = phi i64 [{FIRST_SLEEP_US}, %entry], [{FIRST_SLEEP_US}, %job],"
+        " [%sleep, %spin], [%sleep2, %nap]",
+        "  %down = load atomic i64, ptr %downp monotonic, align 8",
+        "  %stop = icmp ne i64 %down, 0",
+        "  br i1 %stop, label %out, label %look",
+        "look:",
+        "  %t = load atomic i64, ptr %p acquire, align 8",
+        "  %tg = lshr i64 %t, 40",
+        "  %new = icmp ne i64 %tg, %seen",
+        "  br i1 %new, label %mine, label %idle",
+        "mine:",
+        "  %active = load atomic i64, ptr %activep monotonic, align 8",
+        "  %takes = icmp ult i64 %id, %active",
+        "  br i1 %takes, label %work, label %job",
+        "work:",
+        "  call void @pool_claim(ptr %p, i64 %tg, i1 true)",
+        f"  %wjp = getelementptr i64, ptr %p, i64 {WORKER_JOBS}",
+        "  %wj = atomicrmw add ptr %wjp, i64 1 monotonic, align 8",
+        "  br label %job",
+        "job:",
+        "  %now2 = call i64 @llvm.readcyclecounter()",
+        "  br label %wait",
+        "idle:",
+        "  call void @llvm.x86.sse2.pause()",
+        "  %now = call i64 @llvm.readcyclecounter()",
+        "  %spent = sub i64 %now, %start",
+        f"  %tired = icmp ugt i64 %spent, {SPIN_CYCLES}",
+        "  br i1 %tired, label %nap, label %spin",
+        "spin:",
+        "  br label %wait",
+        "nap:",
+        "  %us = trunc i64 %sleep to i32",
+        "  %rc = call i32 @usleep(i32 %us)",
+        "  %s2 = shl i64 %sleep, 1",
+        f"  %sleep2 = call i64 @llvm.umin.i64(i64 %s2, i64 {MAX_SLEEP_US})",
+        "  br label %wait",
+        "out:",
+        "  ret void",
+        "}",
+    ]
+    decls = [
+        "declare i64 @llvm.readcyclecounter()",
+        "declare void @llvm.x86.sse2.pause()",
+        "declare i32 @usleep(i32)",
+    ]
+    return decls + ["\n".join(chunk), "\n".join(claim), "\n".join(run), "\n".join(worker)]
+
+
+def state() -> dict | None:
+    """Compile the pool once: {"run": address, "ctrl": array, ...}, or None where it cannot run."""
+    if "ok" not in _STATE:
+        with _LOCK:
+            if "ok" not in _STATE:
+                _STATE.update(_build())
+    return _STATE if _STATE["ok"] else None
+
+
+def _build() -> dict:
+    from ember.kernels.cpu import gemm as G
+
+    if G.isa() is None:  # no llvmlite / AVX2 here: the callers' fallbacks run
+        return {"ok": False}
+    import llvmlite.binding as llvm
+
+    libc = ctypes.CDLL(None)
+    llvm.add_symbol("usleep", ctypes.cast(libc.usleep, ctypes.c_void_p).value)
+    engine = G.jit_ir(_ir(), ["ember_pool_run", "ember_pool_worker"])
+    # the control block lives as long as the process (workers may read it until they stop:
+    # never memory that interpreter shutdown frees), on cache-line boundaries
+    libc.calloc.restype = ctypes.c_void_p
+    addr = libc.calloc(CTRL_WORDS + 8, 8)
+    if not addr:
+        return {"ok": False}
+    addr += -addr % 64
+    ctrl = np.ctypeslib.as_array(ctypes.cast(addr, ctypes.POINTER(ctypes.c_int64)), (CTRL_WORDS,))
+    worker = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64)(
+        engine.get_function_address("ember_pool_worker")
+    )
+    return {"ok": True, "engine": engine, "ctrl": ctrl, "worker": worker, "threads": [],
+            "pid": os.getpid()}  # fmt: skip
+
+
+def set_workers(n: int) -> None:
+    """Let n worker threads take part in jobs (threads - 1), starting those not yet running."""
+    st = state()
+    if st is None:
+        return
+    with _LOCK:
+        if st["pid"] != os.getpid():  # a forked child: its parent's workers are not here
+            st["threads"], st["pid"] = [], os.getpid()
+        ctrl, threads = st["ctrl"], st["threads"]
+        addr = ctrl.ctypes.data
+        while len(threads) < n:
+            t = threading.Thread(
+                target=st["worker"], args=(addr, len(threads)), daemon=True,
+                name=f"ember-pool-{len(threads)}",
+            )  # fmt: skip
+            t.start()
+            threads.append(t)
+        ctrl[ACTIVE] = n  # workers with id >= n keep sleeping
+        st["configured"] = True
+
+
+def _stop_workers() -> None:
+    """At exit: the workers leave their loop before the interpreter (and the JIT) goes away."""
+    if _STATE.get("ok") and _STATE["pid"] == os.getpid():
+        _STATE["ctrl"][SHUTDOWN] = 1
+        for t in _STATE["threads"]:
+            t.join(timeout=1.0)
+
+
+def _after_fork_in_child() -> None:
+    if _STATE.get("ok"):
+        _STATE["ctrl"][ACTIVE] = 0  # no workers until set_workers starts new ones
+        _STATE["threads"], _STATE["pid"] = [], os.getpid()
+        _STATE["configured"] = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_stop_workers)
+
+
+def ctrl() -> np.ndarray:
+    """The job block numba drivers fill (workers started for the current thread count)."""
+    st = _STATE if _STATE.get("ok") else state()
+    if not st.get("configured"):
+        from ember.threads import get_num_threads
+
+        set_workers(max(0, min(get_num_threads(), os.cpu_count() or 1) - 1))
+    return st["ctrl"]
+
+
+def reconfigure() -> None:
+    """Take the thread count (``ember.set_num_threads``) into account at the next job."""
+    _STATE["configured"] = False
+
+
+def stats() -> dict:
+    """Counters since start: jobs, jobs a worker took part in, times the master went solo."""
+    st = state()
+    if st is None:
+        return {}
+    c = st["ctrl"]
+    return {"jobs": int(c[TICKET]) >> 40, "worker_jobs": int(c[WORKER_JOBS]),
+            "solo_triggers": int(c[SOLO_TRIGGERS]), "workers": int(c[ACTIVE])}  # fmt: skip
