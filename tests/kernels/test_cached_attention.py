@@ -45,7 +45,7 @@ def _case(setup, seed=0, d=8, b=2, max_len=20):
         kc, vc = _f32(rng, b, hk, max_len, d), _f32(rng, b, hk, max_len, d)
         kc[:, :, past:s], vc[:, :, past:s] = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     pad = _pad(rng, b, s) if padded else None
-    kw = dict(kc=kc, vc=vc, n_keys=s, past=past if cached else 0, window=window, pad=pad,
+    kw = dict(kc=kc, vc=vc, past=past if cached else 0, window=window, pad=pad,
               scale=0.3, softcap=softcap)  # fmt: skip
     return (q, k, v), kw
 
@@ -72,7 +72,7 @@ def _rows_case(t, pasts, rows, window=None, padded=False, seed=3, d=8, hq=6, hk=
         kc[r, :, p : p + t], vc[r, :, p : p + t] = k[i].swapaxes(0, 1), v[i].swapaxes(0, 1)
     n = max(pasts) + t
     pad = _pad(rng, b, n, empty_row=False) if padded else None
-    kw = dict(kc=kc, vc=vc, n_keys=n, past=np.array(pasts), window=window, pad=pad, scale=0.3,
+    kw = dict(kc=kc, vc=vc, past=np.array(pasts), window=window, pad=pad, scale=0.3,
               softcap=None, rows=np.array(rows))  # fmt: skip
     return (q, k, v), kw
 
@@ -95,7 +95,7 @@ def test_per_row_positions_equal_each_row_alone(path, monkeypatch):
         got = kern(q, k, v, **kw)
         for b, (r, p) in enumerate(zip(kw["rows"], kw["past"])):
             one = dict(kw, kc=kw["kc"][r : r + 1], vc=kw["vc"][r : r + 1], rows=None,
-                       n_keys=int(p) + q.shape[1], past=int(p),
+                       past=int(p),
                        pad=None if kw["pad"] is None else kw["pad"][b : b + 1])  # fmt: skip
             alone = kern(q[b : b + 1], k[b : b + 1], v[b : b + 1], **one)
             if path != "blocked":  # BLAS blocks may sum the longer key range in another order
@@ -150,7 +150,7 @@ def test_reference_matches_torch(setup):
     b, t, hq, d = q.shape
     kc = kw["kc"] if kw["kc"] is not None else np.ascontiguousarray(k.transpose(0, 2, 1, 3))
     vc = kw["vc"] if kw["vc"] is not None else np.ascontiguousarray(v.transpose(0, 2, 1, 3))
-    s, rep = kw["n_keys"], hq // k.shape[2]
+    s, rep = (kw["past"] if kw["kc"] is not None else 0) + t, hq // k.shape[2]
     ok = ca.allowed_keys(b, t, s, kw["past"], kw["window"] or 0, kw["pad"])
     tq = torch.from_numpy(np.ascontiguousarray(q)).transpose(1, 2)
     tk = torch.from_numpy(kc[:, :, :s]).repeat_interleave(rep, 1)

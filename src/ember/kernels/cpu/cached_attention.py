@@ -1,9 +1,12 @@
 """Kernels of the ``cached_attention`` op: causal attention of new queries over a KV cache.
 
 The op (``ember.nn.functional.cached_attention``) is called with token-major queries and the
-new keys/values, ``(batch, tokens, heads, head_dim)`` views of the projections, and the layer's
-cache buffers ``(batch, kv_heads, max_len, head_dim)`` that already hold the new keys/values at
-``[n_keys - tokens, n_keys)`` (``kc=None``: no cache, the new keys are all there is). Grouped
+new keys/values, ``(batch, tokens, heads, head_dim)`` views of the projections, the layer's
+cache buffers ``(slots, kv_heads, max_len, head_dim)`` and each batch row's position ``past``
+(``kc=None``: no cache, the new keys are all there is). It first writes the new keys/values
+into the cache at ``[past, past + tokens)`` (``store_kv``), then attends over keys
+``[0, max(past) + tokens)``: everything a step changes is read when the op runs, so a captured
+decode step (``ember.nn.graph``) replays it with the positions of the step at hand. Grouped
 key/value heads, a sliding window, left padding and tanh soft-capping of the scores are handled
 in place: no transposes, repeats or mask tensors.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember.errors import ShapeError
 from ember.kernels.cpu import have_numba, jit, numba_or_none
 from ember.kernels.registry import register
 
@@ -145,11 +149,39 @@ def _buffers(k, v, kc, vc):
     )
 
 
+def store_kv(kc, vc, k, v, past, rows=None) -> int:
+    """Write token-major k, v (B, T, Hk, D) into the cache buffers (slots, Hk, max_len, D) at
+    [past, past + T) of each batch row's slot (rows[b], or b); return the keys a step sees
+    (max(past) + T). past: an int, or one position per batch row."""
+    nb, t = k.shape[:2]
+    max_len = kc.shape[2]
+    pa = np.asarray(past).reshape(-1)
+    if rows is not None and len(rows) != nb:
+        raise ShapeError(f"KV cache: {nb} batch rows for {len(rows)} slots")
+    end = int(pa.max(initial=0)) + t
+    if end > max_len:
+        raise ShapeError(f"KV cache overflow: {end} positions needed, the cache holds {max_len}")
+    if pa.size == 1 and rows is None:  # every row at one position
+        p = int(pa[0])
+        kc[:nb, :, p : p + t] = k.transpose(0, 2, 1, 3)
+        vc[:nb, :, p : p + t] = v.transpose(0, 2, 1, 3)
+        return end
+    if pa.size != nb:
+        raise ShapeError(f"KV cache: {pa.size} positions for {nb} batch rows")
+    for b, p in enumerate(pa.tolist()):
+        r = b if rows is None else int(rows[b])
+        kc[r, :, p : p + t] = k[b].transpose(1, 0, 2)
+        vc[r, :, p : p + t] = v[b].transpose(1, 0, 2)
+    return end
+
+
 def cached_attention_reference(
-    q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None
+    q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None
 ) -> np.ndarray:
-    """softmax(cap(q k^T * scale)) v per head over keys [0, n_keys) of the cache; (B, T, Hq * D)."""
+    """Store k, v in the cache, then softmax(cap(q k^T * scale)) v per head over keys
+    [0, max(past) + T) of the cache; (B, T, Hq * D)."""
     nb, nt, hq, d = q.shape
+    n_keys = nt if kc is None else store_kv(kc, vc, k, v, past, rows)
     kb, vb = _buffers(k, v, kc, vc)
     if rows is not None:
         kb, vb = kb[rows], vb[rows]
@@ -212,7 +244,7 @@ def _blocked(q, kb, vb, rows, n_keys: int, past, window: int, pad, scale: float,
     return out.reshape(nb, nt, hq * d)
 
 
-def _when(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None) -> bool:
+def _when(q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None) -> bool:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[2] % k.shape[2]:
         return False
     if kc is None:
@@ -227,22 +259,24 @@ def _when(q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=No
     available=have_numba,
 )
 def cached_attention(
-    q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None
+    q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None
 ) -> np.ndarray:
-    """Causal attention of q (B, T, Hq, D) at positions past.. over cache keys [0, n_keys).
+    """Causal attention of q (B, T, Hq, D) at positions past.. over cache keys [0, n_keys),
+    n_keys = max(past) + T, after storing k, v there (``store_kv``).
 
-    kc, vc: C-contiguous (B, Hk, max_len, D) buffers holding k, v at [n_keys - T, n_keys), or
-    None (the keys are k, v). past: an int, or one position per batch row (B,) (rows of a
+    kc, vc: C-contiguous (slots, Hk, max_len, D) cache buffers, or None (the keys are k, v).
+    past: an int, or one position per batch row (B,) (rows of a
     batched decode, each with its own history: row b sees keys [0, past[b] + i]). rows: the
     cache row of each batch row ((B,) ints; None: row b is cache row b). window: keys within that many positions (None/0: all). pad: bool
     (B, >= n_keys), False = a padding slot nobody sees, or None. A query that may see no key
     at all sees every key (a padding row's output is never used; this keeps it finite).
     softcap: scores become cap * tanh(score / cap) (None: as they are). Returns (B, T, Hq * D).
     """
+    nb, nt, hq, d = q.shape
+    n_keys = nt if kc is None else store_kv(kc, vc, k, v, past, rows)
     kb, vb = _buffers(k, v, kc, vc)
     w = int(window or 0)
     cap = float(softcap or 0.0)
-    nb, nt, hq, d = q.shape
     pa, ra = _rows_of(nb, past, None if kc is None else rows)
     if nt >= BLOCKED_MIN_QUERIES:
         return _blocked(q, kb, vb, ra, n_keys, pa, w, pad, scale, cap)

@@ -371,10 +371,11 @@ __all__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
 
 
 class _CachedAttention(Function):
-    """Causal attention of token-major q (b, t, hq, d) over keys [0, n_keys) of a KV cache.
+    """Causal attention of token-major q (b, t, hq, d) over the keys of a KV cache.
 
-    ``kc``/``vc`` are the layer's (b, hk, max_len, d) buffers, already holding the new k, v
-    (b, t, hk, d) at [n_keys - t, n_keys); None: the new keys are all the keys. Scores are
+    ``kc``/``vc`` are the layer's (slots, hk, max_len, d) buffers: the op first writes the new
+    k, v (b, t, hk, d) there at [past, past + t) of each row's slot (``rows``, or row b), then
+    attends over keys [0, max(past) + t); None: the new keys are all the keys. Scores are
     ``q k^T * scale``, optionally soft-capped (``cap * tanh(s / cap)``), masked causally, by a
     sliding ``window`` and by ``pad`` (b, >= n_keys; False = a padding slot), then softmaxed. A
     query that may see no key sees every key. Gradients reach q and the new k, v; the cached
@@ -387,7 +388,10 @@ class _CachedAttention(Function):
         b, t, hq, _ = q.shape
         return (b, t, hq * v.shape[-1]), q.dtype
 
-    def forward(self, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None):
+    def forward(self, q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None):
+        from ember.kernels.cpu.cached_attention import allowed_keys, store_kv  # the kernels'
+
+        n_keys = q.shape[1] if kc is None else store_kv(kc, vc, k, v, past, rows)
         dt = q.dtype
         b, t, hq, d = q.shape
         hk = k.shape[2]
@@ -412,8 +416,6 @@ class _CachedAttention(Function):
         if softcap:
             th = np.tanh(s / cd.type(softcap))
             s = th * cd.type(softcap)
-        from ember.kernels.cpu.cached_attention import allowed_keys  # the kernels' mask
-
         ok = allowed_keys(b, t, n, past, int(window or 0), pad)[:, None, None]
         s = np.where(ok, s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
@@ -490,9 +492,7 @@ def cached_attention(
     pad = mask.pad if mask is not None else None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kc = vc = rows = None
-    n_keys = t
-    if cache is not None:
-        n_keys = cache.store(layer, key._data, value._data)
+    if cache is not None:  # the op stores key, value there (at past) before it attends
         kc, vc = cache.k[layer], cache.v[layer]
         rows = getattr(cache, "rows", None)  # a batched step over some rows (BatchKVCache)
     return _CachedAttention.apply(
@@ -501,7 +501,6 @@ def cached_attention(
         value,
         kc=kc,
         vc=vc,
-        n_keys=n_keys,
         past=past,
         window=window,
         pad=pad,
