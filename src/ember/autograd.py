@@ -19,6 +19,18 @@ from ember.kernels import registry
 from ember.tensor import Tensor
 
 _grad_enabled = True
+# the ops of a step being captured (ember.nn.graph), or None: apply appends (the Kernel that
+# ran, "forward", or None for a node it cannot replay; the Function class, the input arrays,
+# the keyword arguments, the output array)
+_tape: list | None = None
+
+
+def capture_ops(tape: list | None) -> list | None:
+    """From now on record every op run without a graph into ``tape`` (None: stop recording);
+    returns the tape that was active (ember.nn.graph restores it)."""
+    global _tape
+    prev, _tape = _tape, tape
+    return prev
 
 
 def is_grad_enabled() -> bool:
@@ -111,6 +123,9 @@ class Function:
     """
 
     meta = None
+    # True for ops whose output may be a view of their first input (reshape, permute, slicing):
+    # a captured step (ember.nn.graph) need not run them again when it is one
+    view = False
     # the registry name of this op's kernels (ember.kernels.registry); None: forward only
     kernel_op: str | None = None
     # saved(*arrays, **kw) stores what backward needs when a kernel ran instead of forward;
@@ -149,6 +164,8 @@ class Function:
                     out = kernel.fn(*arrays, **kwargs)
                 except ValueError as e:
                     _shape_error(cls, e, inputs)
+                if _tape is not None:
+                    _tape.append((kernel, cls, arrays, kwargs, out))
                 return Tensor._wrap(out, dev)
             op = None  # no kernel applies: forward below, without asking again
         ctx = cls()
@@ -171,6 +188,8 @@ class Function:
                     ctx.saved(*arrays, **kwargs)
         except ValueError as e:
             _shape_error(cls, e, inputs)
+        if _tape is not None:
+            _tape.append((None if record or dev is META else "forward", cls, arrays, kwargs, out))
         if record:
             ctx.parents = inputs
             # edges point at the parents' graph nodes as they are *now*, so a later

@@ -38,7 +38,18 @@ from ember import config
 class Kernel:
     """One registered kernel: the function, its reference and the conditions it applies under."""
 
-    __slots__ = ("op", "name", "fn", "reference", "backend", "dtypes", "when", "available", "_ok")
+    __slots__ = (
+        "op",
+        "name",
+        "fn",
+        "reference",
+        "backend",
+        "dtypes",
+        "when",
+        "available",
+        "prepare",
+        "_ok",
+    )
 
     def __init__(
         self,
@@ -51,6 +62,7 @@ class Kernel:
         dtypes: Sequence | None = (np.float32,),
         when: Callable[..., bool] | None = None,
         available: Callable[[], bool] | None = None,
+        prepare: Callable | None = None,
     ) -> None:
         self.op = op
         self.fn = fn
@@ -60,6 +72,9 @@ class Kernel:
         self.dtypes = None if dtypes is None else frozenset(np.dtype(d) for d in dtypes)
         self.when = when
         self.available = available
+        # prepare(out, *arrays, **kwargs): a no-argument function that computes the op again
+        # into out on the same (fixed) arrays, for a captured step (ember.nn.graph); or None
+        self.prepare = prepare
         self._ok: bool | None = None  # available(), asked once
 
     def applies(self, arrays: Sequence[np.ndarray], kwargs: dict) -> bool:
@@ -96,6 +111,7 @@ def register(
     dtypes: Sequence | None = (np.float32,),
     when: Callable[..., bool] | None = None,
     available: Callable[[], bool] | None = None,
+    prepare: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register fn as a kernel for op (see the module docstring); returns fn."""
 
@@ -109,6 +125,7 @@ def register(
             dtypes=dtypes,
             when=when,
             available=available,
+            prepare=prepare,
         )
         _TABLE.setdefault((op, backend), []).append(k)
         return fn

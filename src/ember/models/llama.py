@@ -437,7 +437,7 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
         self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
     ):
         """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
-        spec, n = self.spec, self.spec.names
+        spec = self.spec
         ids = token_ids(input_ids)
         t = ids.shape[1]
         past = cache.pos if cache is not None else 0
@@ -449,13 +449,21 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
                 cache.reset()
                 past, t, position_ids = 0, ids.shape[1], None
         pad, pos = positions(ids, past, attention_mask, position_ids)
+        x, rope = self.decode_inputs(ids, pos)
+        logits = self.decode_body(x, rope, past, pad, cache, logits_to_keep)
+        if cache is not None:
+            cache.advance(t)
+        return logits
+
+    def decode_inputs(self, ids, pos: np.ndarray):
+        """(token embeddings (b, t, hidden), rotary tables or None) of ids at positions pos (b, t)."""
+        spec, n = self.spec, self.spec.names
         dev = ids.device
         body = getattr(self, n.model)
         x = getattr(body, n.embed)(ids)
         if self._embed_scale is not None:
             # rounded to the embedding dtype first, as transformers does (bf16: 55.5)
             x = x * ember.tensor(self._embed_scale, dtype=x.dtype, device=x.device)
-        rope = None
         if spec.positions == "learned":
             if pos.size and pos.max() >= spec.max_positions:
                 raise ShapeError(
@@ -463,13 +471,24 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
                     f"{spec.max_positions} learned positions"
                 )
             pos_ids = ember.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(dev)
-            x = x + getattr(body, n.pos_embed)(pos_ids)
-        else:
-            inv = spec.rope_inv_freq
-            if spec.rope_long_inv_freq is not None and pos.max() + 1 > spec.rope_long_after:
-                inv = spec.rope_long_inv_freq
-            # (b, t, 1, rotary_dim / 2), on the ids' device (meta: shapes only)
-            rope = rope_tables(inv, pos[:, :, None], np.float32, spec.rope_attention_factor, dev)
+            return x + getattr(body, n.pos_embed)(pos_ids), None
+        inv = spec.rope_inv_freq
+        if spec.rope_long_inv_freq is not None and pos.max() + 1 > spec.rope_long_after:
+            inv = spec.rope_long_inv_freq
+        # (b, t, 1, rotary_dim / 2), on the ids' device (meta: shapes only)
+        return x, rope_tables(inv, pos[:, :, None], np.float32, spec.rope_attention_factor, dev)
+
+    def decode_body(self, x, rope, past, pad, cache=None, logits_to_keep: int = 0):
+        """The layers, the final norm and the head on embeddings x (b, t, hidden) at positions
+        past.. (an int, or one per row), with padding pad (b, past + t) or None.
+
+        Everything that differs from one step to the next comes in as x, rope and past (an
+        array read by the attention op when it runs): a decode step can be captured and
+        replayed (``ember.nn.graph.DecodeGraphs``). The caller advances the cache.
+        """
+        spec, n = self.spec, self.spec.names
+        t, dev = x.shape[1], x.device
+        body = getattr(self, n.model)
         full = nn.CausalMask(
             t, past, pad, None if spec.sliding_layers else spec.sliding_window, dev
         )
@@ -479,8 +498,6 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
         sliding = spec.sliding_layers
         for i, layer in enumerate(getattr(body, n.layers)):
             x = layer(x, rope, local if sliding and sliding[i] else full, cache)
-        if cache is not None:
-            cache.advance(t)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         logits = self.lm_head(getattr(body, n.final_norm)(x))
@@ -488,6 +505,11 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
         if cap is not None:
             logits = ember.tanh(logits / cap) * cap
         return logits
+
+    def can_capture_decode(self) -> bool:
+        """Whether one-token steps may run as captured graphs (not with longrope, whose tables
+        depend on the whole history)."""
+        return self.spec.rope_long_inv_freq is None
 
     def _longrope_ids(self, ids, cache):
         """The ids to run: the new ones, or all of them at the first step past the short factors

@@ -15,6 +15,7 @@ import numpy as np
 
 import ember
 from ember.errors import ShapeError, UnsupportedError
+from ember.nn.graph import DecodeGraphs
 from ember.nn.kv_cache import KVCache
 from ember.nn.sampling import Sampler, SamplingParams
 
@@ -84,6 +85,7 @@ def generate_tokens(
     history = [list(p) for p in batch]
     stops = set(int(s) for s in stop_token_ids)
     alive = [True] * b
+    decode = DecodeGraphs(model, logits_to_keep=1)  # one-token steps, captured and replayed
     with ember.no_grad():
         logits = model(
             ember.from_numpy(ids),
@@ -110,12 +112,15 @@ def generate_tokens(
                 return
             nxt = np.array([[t if t is not None else pad_token_id] for t in out], np.int64)
             mask[:, plen + step] = True
-            logits = model(
-                ember.from_numpy(nxt),
-                attention_mask=mask[:, : plen + step + 1] if padded else None,
-                cache=cache,
-                logits_to_keep=1,
-            )
+            if padded:
+                logits = model(
+                    ember.from_numpy(nxt),
+                    attention_mask=mask[:, : plen + step + 1],
+                    cache=cache,
+                    logits_to_keep=1,
+                )
+            else:
+                logits = decode(nxt, cache)
 
 
 def _needs_history(p: SamplingParams) -> bool:

@@ -31,6 +31,8 @@ def _dims_arg(dims) -> tuple:
 class Reshape(Function):
     """Reshape (a view when the strides allow it, else a copy)."""
 
+    view = True  # the output may be a view of the input (ember.nn.graph skips those)
+
     def forward(self, x, shape):
         self.shape = x.shape
         return x.reshape(shape)
@@ -168,6 +170,8 @@ def unsqueeze(input: Tensor, dim: int) -> Tensor:
 class Permute(Function):
     """Reorder dimensions (a view)."""
 
+    view = True  # the output may be a view of the input (ember.nn.graph skips those)
+
     def forward(self, x, dims):
         self.inv = tuple(np.argsort(dims))
         return x.transpose(dims)
@@ -235,6 +239,8 @@ moveaxis = movedim
 class Expand(Function):
     """Broadcast to a larger shape (a read-only view with zero strides)."""
 
+    view = True  # the output may be a view of the input (ember.nn.graph skips those)
+
     def forward(self, x, shape):
         self.shape = x.shape
         return np.broadcast_to(x, shape)
@@ -280,6 +286,8 @@ class Index(Function):
     The backward writes the gradient into zeros (basic, or advanced without repeats) or
     accumulates it with np.add.at (advanced indices may repeat).
     """
+
+    view = True  # the output may be a view of the input (ember.nn.graph skips those)
 
     def forward(self, x, idx, basic=True, unique=False):
         self.shape, self.dtype, self.idx, self.mode = x.shape, x.dtype, idx, basic or unique

@@ -42,6 +42,7 @@ import numpy as np
 from ember.errors import EmberError
 from ember.generation.generate import _stop_split
 from ember.generation.sampling import Sampler, SamplingParams, token_logprobs
+from ember.nn.graph import DecodeGraphs
 
 log = logging.getLogger("ember.serve")
 
@@ -131,6 +132,7 @@ class StepRunner:
         self._dims = (cfg.num_hidden_layers, self.model.num_kv_heads, int(hd))
         self._slots = max(1, slots)
         self.decode_batch = decode_batch(model, self.MAX_BATCH)
+        self._decode = DecodeGraphs(model)  # batched one-token steps, captured and replayed
         self._free = list(range(self._slots))  # least recently freed first
         self.cache: Any = None  # the BatchKVCache, made at the first sequence
         self._prefix: dict[int, list[int]] = {}  # slot -> its reusable prompt blocks' tokens
@@ -240,7 +242,7 @@ class StepRunner:
                 part = decode[c : c + self.decode_batch]
                 ids = np.asarray([inputs[i].tokens for i in part], np.int64)
                 rows = self.cache.rows([inputs[i].cache.index for i in part])
-                logits = self.model(ember.from_numpy(ids), cache=rows).numpy()[:, -1]
+                logits = self._decode(ids, rows).numpy()[:, -1]
                 for i, row in zip(part, logits):
                     out[i] = row.astype(np.float32, copy=False)
             for i, inp in enumerate(inputs):

@@ -419,6 +419,30 @@ class QuantKernels:
             out += b
         return out.reshape(lead + (n,))
 
+    def prepare_linear(self, out: np.ndarray, x: np.ndarray, *b, qweight):
+        """``linear`` into out on these arrays, bound once (a captured step's product, see
+        ember.nn.graph): one driver call, or None where it is not an ``_idot`` product."""
+        n, k = qweight.shape
+        ok = (
+            x.dtype == F32 and x.flags.c_contiguous and out.dtype == F32 and out.flags.c_contiguous
+            and x.size <= min(self.int_rows(), _idot.MAX_GROUPS_ROWS) * k and x.ndim >= 1
+            and out.shape == x.shape[:-1] + (n,)
+        )  # fmt: skip
+        if not ok:
+            return None
+        run = _idot.bind(
+            self.small_kernel(), qweight.blocks3d(), x.reshape(-1, k), out.reshape(-1, n)
+        )
+        if not b:
+            return run
+        bias = b[0]
+
+        def run_bias() -> None:
+            run()
+            np.add(out, bias, out=out)
+
+        return run_bias
+
     def register(self):
         """Register ``linear`` for the ``linear_q`` op, for QTensors of this format."""
         from ember.kernels.registry import register
@@ -441,6 +465,7 @@ class QuantKernels:
             name=f"linear_{qtype.lower()}",
             when=when,
             available=have_numba,
+            prepare=self.prepare_linear,
         )(self.linear)
 
 
