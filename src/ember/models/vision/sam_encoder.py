@@ -114,24 +114,35 @@ class SamVisionAttention(nn.Module):
             self.rel_pos_h = nn.Parameter(ember.zeros(2 * size - 1, self.head_dim))
             self.rel_pos_w = nn.Parameter(ember.zeros(2 * size - 1, self.head_dim))
 
-    def rel_bias(self, q: Tensor, height: int, width: int) -> Tensor:
-        """(B, heads, H*W, H*W) additive scores from the relative position tables."""
-        b, n = q.shape[:2]
-        rh = _rel_table(self.rel_pos_h, height)  # (H, H', c)
-        rw = _rel_table(self.rel_pos_w, width)  # (W, W', c)
-        q5 = q.reshape(b, n, height, width, self.head_dim)
-        by_row = q5 @ rh.transpose(1, 2)  # (b, n, H, W, H'): row y against the table of y
-        by_col = (q5.transpose(2, 3) @ rw.transpose(1, 2)).transpose(2, 3)  # (b, n, H, W, W')
-        bias = by_row[..., :, None] + by_col[..., None, :]
-        return bias.reshape(b, n, height * width, height * width)
-
     def forward(self, x: Tensor) -> Tensor:
-        """(B, H, W, C) -> (B, H, W, C)."""
+        """(B, H, W, C) -> (B, H, W, C).
+
+        The relative position terms ride along in the attention product instead of a (HW, HW)
+        bias: the query gets its row terms q . rel_h[y - y'] (one per key row y') and column
+        terms appended, each key a one-hot of its row y' and column x', so q' . k' = scale q . k
+        + rel_h term + rel_w term, the same scores as SAM's, computed blocked by the fused
+        attention kernel without materialising a bias. v is zero-padded to k's width (the
+        kernel wants equal widths) and the padding dropped after.
+        """
         b, height, width, c = x.shape
-        qkv = self.qkv(x).reshape(b, height * width, 3, self.num_heads, self.head_dim)
+        hw, n, hd = height * width, self.num_heads, self.head_dim
+        qkv = self.qkv(x).reshape(b, hw, 3, n, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, H*W, head_dim)
-        bias = self.rel_bias(q, height, width) if self.use_rel_pos else None
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)
+        if not self.use_rel_pos:
+            o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        else:
+            rh = _rel_table(self.rel_pos_h, height)  # (H, H', c)
+            rw = _rel_table(self.rel_pos_w, width)  # (W, W', c)
+            q5 = q.reshape(b, n, height, width, hd)
+            by_row = q5 @ rh.transpose(1, 2)  # (b, n, H, W, H'): row y against the table of y
+            by_col = (q5.transpose(2, 3) @ rw.transpose(1, 2)).transpose(2, 3)  # (.., W')
+            q = ember.cat([q * self.scale, by_row.reshape(b, n, hw, height),
+                           by_col.reshape(b, n, hw, width)], dim=-1)  # fmt: skip
+            tok = ember.arange(hw)
+            onehot = ember.cat([ember.eye(height)[tok // width], ember.eye(width)[tok % width]], 1)
+            k = ember.cat([k, onehot.expand(b, n, hw, height + width)], dim=-1)
+            v = F.pad(v, (0, height + width))
+            o = F.scaled_dot_product_attention(q, k, v, scale=1.0)[..., :hd]
         return self.proj(o.transpose(1, 2).reshape(b, height, width, c))
 
 
