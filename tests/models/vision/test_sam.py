@@ -223,7 +223,7 @@ def test_meta_checkpoint_loads_with_its_own_names(tmp_path):
     ref = tiny_reference(
         seed=4,
         vision_config=dict(hidden_size=64, num_attention_heads=1),
-        mask_decoder_config=dict(num_attention_heads=8),
+        mask_decoder_config=dict(num_attention_heads=8, layer_norm_eps=1e-5),
     )
     meta = _to_meta_names({k: v.detach() for k, v in ref.state_dict().items()})
     assert "image_encoder.blocks.1.norm1.weight" in meta
@@ -233,6 +233,7 @@ def test_meta_checkpoint_loads_with_its_own_names(tmp_path):
     m = SamModel.from_pretrained(tmp_path / "sam_tiny.pth")
     v = m.config.vision_config
     assert (v.hidden_size, v.window_size, v.global_attn_indexes, v.image_size) == (64, 3, [1], 64)
+    assert m.config.mask_decoder_config.layer_norm_eps == 1e-5  # Meta's two-way transformer's
     x = torch.randn(1, 3, 64, 64)
     kw = {k: v[:1] for k, v in _prompts().items() if k != "input_masks"}
     want = ref(pixel_values=x, **kw)

@@ -404,6 +404,9 @@ def hf_names(weights: dict) -> dict:
 
 
 _VIT_HEADS = {768: 12, 1024: 16, 1280: 16}  # SAM ViT-B / L / H
+# Meta's two-way transformer normalises with torch's default eps; transformers' config says 1e-6
+# (a 4e-3 relative difference in MobileSAM's mask logits), so Meta's checkpoints get Meta's eps
+META_DECODER_EPS = 1e-5
 
 
 def _meta_checkpoint(path: Path) -> tuple[SamConfig, dict]:
@@ -450,7 +453,7 @@ def _meta_checkpoint(path: Path) -> tuple[SamConfig, dict]:
                                mask_input_channels=mask_ch),
         SamMaskDecoderConfig(hidden_size=out_ch, mlp_dim=dec_mlp, num_hidden_layers=n_dec,
                              num_multimask_outputs=tokens - 1, iou_head_hidden_dim=iou_hidden,
-                             iou_head_depth=iou_depth),  # 8 heads, as every SAM size has
+                             iou_head_depth=iou_depth, layer_norm_eps=META_DECODER_EPS),  # 8 heads
     )  # fmt: skip
     config.check(str(path))
     return config, sd
