@@ -2,7 +2,8 @@
 
 The grid is 8 x 8 patches with 3 x 3 windows (so windows are padded) and one global layer; every
 parameter is drawn at a scale where it matters (transformers zero-initialises the relative and
-absolute position tables and gives LayerNorms weight 1).
+absolute position tables, gives LayerNorms weight 1, and draws the Fourier matrix far wider
+than trained checkpoints hold it).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ def randomize(model, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "positional_embedding" in name:
-                continue  # already N(0, scale^2) as SAM draws it
+            if "positional_embedding" in name:  # N(0, 1) as in SAM's checkpoints (MobileSAM's
+                p.copy_(torch.randn(p.shape, generator=g))  # std 1.04); transformers draws
+                continue  # std hidden/2, angles in the hundreds, where float32 rounding shows
             if "layer_norm" in name and name.endswith("weight"):
                 p.copy_(torch.rand(p.shape, generator=g) + 0.5)
             elif p.ndim >= 2 and not any(s in name for s in ("embed", "token", "rel_pos")):
