@@ -5,9 +5,11 @@ default encoder: 768 wide, 12 layers, windows of 14 and 4 global layers, 1024 x 
 grid). transformers builds the model with every parameter drawn at a scale where it matters,
 saves it with save_pretrained, and ember loads that folder. Timed: the image encoder on one
 preprocessed image, and the prompt encoder + mask decoder on its cached embeddings for one point
-(multimask). Engines take turns, one untimed call each first; the median and best of --repeat
-timed calls are printed with each side's ratio and the largest output difference. Nothing is
-appended to bench/RESULTS.md.
+(multimask). Each engine runs one untimed call, then --repeat timed calls in a block (see
+_race); the median and best of the timed calls are printed with each side's ratio and the largest
+output difference. The tiny config is a per-op overhead figure: run it with --threads 1 on a
+shared machine, where a 2-thread parallel region waits for a descheduled worker on every op.
+Nothing is appended to bench/RESULTS.md.
 
     .venv/bin/python bench/sam.py [--threads 2] [--repeat 3] [--only tiny|vit-b]
 """
@@ -36,11 +38,16 @@ def _configs() -> dict:
 
 
 def _race(fns: dict, repeat: int) -> tuple[dict, dict]:
-    """Times (name -> list of seconds) and last outputs of fns called in turns."""
+    """Times (name -> list of seconds) and last outputs: each fn's calls in a block of their own.
+
+    Alternating engines call by call costs both: numba's and torch's OpenMP workers spin after
+    each parallel region and take the cores from the other side (the tiny config ran 5-100x
+    slower on both sides that way).
+    """
     times = {n: [] for n in fns}
     outs = {}
-    for i in range(repeat + 1):
-        for name, fn in fns.items():
+    for name, fn in fns.items():
+        for i in range(repeat + 1):
             t0 = time.perf_counter()
             outs[name] = fn()
             if i:
