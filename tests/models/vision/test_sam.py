@@ -345,6 +345,13 @@ def test_missing_files_are_format_errors(tiny, tmp_path):
     (tmp_path / "x.pth").write_bytes(b"not a checkpoint")
     with pytest.raises(FormatError):
         SamModel.from_pretrained(tmp_path / "x.pth")
+    tiny_vit = {
+        "image_encoder.patch_embed.seq.0.c.weight": torch.zeros(32, 3, 3, 3),
+        "prompt_encoder.pe_layer.positional_encoding_gaussian_matrix": torch.zeros(2, 8),
+    }
+    torch.save(tiny_vit, tmp_path / "mobile_sam.pt")  # MobileSAM: a TinyViT image encoder
+    with pytest.raises(FormatError, match="TinyViT encoder is not supported"):
+        SamModel.from_pretrained(tmp_path / "mobile_sam.pt")
 
 
 def test_vision_config_default_mlp_dim():
