@@ -14,6 +14,7 @@ def _numbers(count: int, what: str):
     """An argparse type: `count` finite comma-separated numbers."""
 
     def parse(text: str) -> tuple[float, ...]:
+        """The numbers, or argparse's error."""
         parts = text.split(",")
         try:
             vals = tuple(float(v) for v in parts)

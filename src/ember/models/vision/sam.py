@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 import ember
 from ember import nn
@@ -203,7 +204,7 @@ class SamModel(nn.Module):
         self.prompt_encoder = SamPromptEncoder(config)
         self.mask_decoder = SamMaskDecoder(config.mask_decoder_config)
 
-    def get_image_embeddings(self, pixel_values) -> Tensor:
+    def get_image_embeddings(self, pixel_values: Tensor | np.ndarray) -> Tensor:
         """(B, 3, S, S) preprocessed pixels -> (B, C, S/p, S/p) image embeddings."""
         return self.vision_encoder(_as_tensor(pixel_values, "pixel_values"))
 
@@ -212,7 +213,11 @@ class SamModel(nn.Module):
         return self.prompt_encoder.shared_embedding.grid(self.prompt_encoder.embedding_size)
 
     def get_prompt_embeddings(
-        self, input_points=None, input_labels=None, input_boxes=None, input_masks=None
+        self,
+        input_points: ArrayLike | None = None,
+        input_labels: ArrayLike | None = None,
+        input_boxes: ArrayLike | None = None,
+        input_masks: ArrayLike | None = None,
     ) -> tuple[Tensor | None, Tensor]:
         """(sparse, dense) prompt embeddings (points in the model's input frame)."""
         return self.prompt_encoder(*self._prompts(input_points, input_labels, input_boxes,
@@ -260,12 +265,12 @@ class SamModel(nn.Module):
 
     def forward(
         self,
-        pixel_values=None,
-        input_points=None,
-        input_labels=None,
-        input_boxes=None,
-        input_masks=None,
-        image_embeddings=None,
+        pixel_values: ArrayLike | None = None,
+        input_points: ArrayLike | None = None,
+        input_labels: ArrayLike | None = None,
+        input_boxes: ArrayLike | None = None,
+        input_masks: ArrayLike | None = None,
+        image_embeddings: ArrayLike | None = None,
         multimask_output: bool = True,
     ) -> SamImageSegmentationOutput:
         """Masks for each prompt: pixels (or cached image_embeddings) + points/boxes/masks."""

@@ -161,6 +161,7 @@ class SamAttention(nn.Module):
         n, h = query.shape[0], self.num_heads
 
         def heads(x: Tensor) -> Tensor:
+            """(N, L, h * d) -> (N, h, L, d)."""
             return x.reshape(n, x.shape[1], h, -1).transpose(1, 2)
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(key)), heads(self.v_proj(value))

@@ -11,6 +11,7 @@ and a key at (y', x'), q . rel_pos_h[y - y'] + q . rel_pos_w[x - x'].
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import ember
@@ -31,7 +32,7 @@ _ACTS = {
 }
 
 
-def activation(name: str):
+def activation(name: str) -> Callable[[Tensor], Tensor]:
     """The activation function a config names (transformers' ACT2FN spelling)."""
     return _ACTS[name]
 

@@ -19,12 +19,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 import ember
 from ember.errors import FormatError, ShapeError
 from ember.nn import functional as F
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+# an image: a path, bytes, a file object, an (H, W, 3) array or a Pillow image
+ImageSource = Any
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,7 +50,7 @@ class SamPreprocess:
     do_normalize: bool = True
 
     @classmethod
-    def from_folder(cls, folder, image_size: int) -> SamPreprocess:
+    def from_folder(cls, folder: str | os.PathLike, image_size: int) -> SamPreprocess:
         """The folder's preprocessor_config.json (or transformers 5's processor_config.json)."""
         path = Path(folder) / "preprocessor_config.json"
         if not path.is_file():
@@ -93,7 +101,7 @@ class SamImage:
     reshaped_size: tuple  # (height, width) after the resize, before padding
 
 
-def preprocess_image(image, pre: SamPreprocess) -> SamImage:
+def preprocess_image(image: ImageSource, pre: SamPreprocess) -> SamImage:
     """Any image Pillow reads (path, bytes, array, Pillow image) -> SamImage."""
     from ember.vision._pil import pil
     from ember.vision.image import load_image
@@ -122,9 +130,12 @@ def scale_coords(coords: np.ndarray, original_size: tuple, reshaped_size: tuple)
 
 
 def postprocess_masks(
-    low_res, original_size: tuple, reshaped_size: tuple, pad_size: tuple,
+    low_res: ember.Tensor | np.ndarray,
+    original_size: tuple,
+    reshaped_size: tuple,
+    pad_size: tuple,
     threshold: float | None = 0.0,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """(..., h, w) mask logits -> (..., H, W) in the original image: bool, or logits if threshold is None."""
     x = low_res if isinstance(low_res, ember.Tensor) else ember.from_numpy(np.asarray(low_res))
     lead = tuple(x.shape[:-2])
@@ -136,7 +147,9 @@ def postprocess_masks(
     return out if threshold is None else out > threshold
 
 
-def check_points(points, labels, size: tuple) -> tuple[np.ndarray, np.ndarray]:
+def check_points(
+    points: ArrayLike, labels: ArrayLike | None, size: tuple
+) -> tuple[np.ndarray, np.ndarray]:
     """Points (n, 2) and labels (n,) checked to lie in an image of size (h, w)."""
     try:
         p = np.asarray(points, dtype=np.float64)
@@ -157,7 +170,7 @@ def check_points(points, labels, size: tuple) -> tuple[np.ndarray, np.ndarray]:
     return p, lab.astype(np.int64)
 
 
-def check_box(box, size: tuple) -> np.ndarray:
+def check_box(box: ArrayLike, size: tuple) -> np.ndarray:
     """A box (x1, y1, x2, y2) checked to lie in an image of size (h, w)."""
     try:
         b = np.asarray(box, dtype=np.float64).reshape(-1)
@@ -197,7 +210,7 @@ class SamPredictor:
         )
         return cls(model, pre)
 
-    def set_image(self, image) -> SamPredictor:
+    def set_image(self, image: ImageSource) -> SamPredictor:
         """Preprocess an image and compute its embeddings (the expensive step, done once)."""
         self.image = preprocess_image(image, self.pre)
         with ember.no_grad():
@@ -205,9 +218,14 @@ class SamPredictor:
         return self
 
     def predict(
-        self, points=None, labels=None, box=None, mask_input=None, multimask_output: bool = True,
+        self,
+        points: ArrayLike | None = None,
+        labels: ArrayLike | None = None,
+        box: ArrayLike | None = None,
+        mask_input: ArrayLike | None = None,
+        multimask_output: bool = True,
         threshold: float | None = 0.0,
-    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(masks (M, H, W) bool, scores (M,)) for one prompt on the image set last."""
         if self.image is None:
             raise ShapeError("SAM: call set_image(image) before predict")
@@ -240,21 +258,29 @@ class SamPredictor:
                                   threshold)  # fmt: skip
         return masks, out.iou_scores.numpy()[0, 0]
 
-    def __call__(self, image, points=None, labels=None, box=None,
-                 multimask_output: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def __call__(
+        self,
+        image: ImageSource,
+        points: ArrayLike | None = None,
+        labels: ArrayLike | None = None,
+        box: ArrayLike | None = None,
+        multimask_output: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """set_image(image) then predict: (masks (M, H, W) bool, scores (M,))."""
         self.set_image(image)
         return self.predict(points, labels, box, multimask_output=multimask_output)
 
 
-def mask_image(mask: np.ndarray):
+def mask_image(mask: np.ndarray) -> Image:
     """A (H, W) bool mask as a black-and-white Pillow image (255 inside)."""
     from ember.vision._pil import pil
 
     return pil().fromarray(np.where(mask, 255, 0).astype(np.uint8))
 
 
-def overlay(image, mask: np.ndarray, color: tuple = (30, 144, 255), alpha: float = 0.5):
+def overlay(
+    image: ImageSource, mask: np.ndarray, color: tuple = (30, 144, 255), alpha: float = 0.5
+) -> Image:
     """A copy of the image (Pillow) with the mask tinted in color and its prompts untouched."""
     from ember.vision._pil import pil
     from ember.vision.image import load_image
