@@ -39,7 +39,7 @@ def _known(cls, d: dict) -> dict:
 
 @dataclass
 class SamVisionConfig:
-    """transformers' SamVisionConfig fields (defaults: SAM ViT-H's encoder shape but 12 layers)."""
+    """transformers' SamVisionConfig fields (defaults: SAM ViT-B's image encoder)."""
 
     hidden_size: int = 768
     output_channels: int = 256
@@ -311,7 +311,7 @@ class SamModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> SamModel:
-        """A transformers SamModel folder (config.json + model.safetensors), or Meta's .pth."""
+        """A transformers SamModel folder, or one checkpoint file (Meta's sam_vit_*.pth)."""
         p = Path(os.fspath(path)).expanduser()
         if p.is_file():
             return cls.from_state_dict(*_meta_checkpoint(p))
