@@ -11,8 +11,8 @@ over the chunks of a weight's rows) by work claiming instead:
   chunk count and the next free chunk), so a worker that was asleep or preempted when the job
   started simply finds nothing left to take;
 - the master waits only for chunks a worker has claimed and not finished; when that wait was
-  long (the worker was preempted mid-chunk), the next ``SOLO_JOBS`` jobs run on the master
-  alone before the workers are asked again;
+  long (the worker was preempted mid-chunk), the next jobs run on the master alone, a few
+  after a rare preemption, more each time it happens again (``SOLO_MIN`` .. ``SOLO_MAX``);
 - workers spin for about ``SPIN_CYCLES`` between jobs (a decode step's products are tens of
   microseconds apart), then sleep with a backoff up to ``MAX_SLEEP_US``.
 
@@ -39,11 +39,23 @@ MAX_GROUPS = 32  # argument groups per job (4 rows of x each in _idot: up to 128
 SPIN_CYCLES = 600_000  # time-stamp cycles a worker spins after a job (~0.2 ms) before sleeping
 FIRST_SLEEP_US, MAX_SLEEP_US = 50, 1000  # then sleeps of 50 us, doubling up to 1 ms
 SOLO_WAIT_CYCLES = 3_000_000  # a master that waited this long (~1 ms) for a worker ...
-SOLO_JOBS = 2048  # ... runs this many jobs alone before asking the workers again
+# ... runs the next jobs alone: SOLO_MIN after a first late worker (a hypervisor's or the OS's
+# rare preemption), twice as many after each further one, up to SOLO_MAX (a core another
+# process keeps busy); every job the workers keep up with shortens the next solo run by one
+SOLO_MIN, SOLO_MAX = 16, 4096
 
 # ctrl: int64 words, on cache lines (8 words) by who writes them: the ticket, the done count,
 # the settings, the counters (``stats``), the job
-TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_TRIGGERS, WORKER_JOBS = 0, 8, 16, 17, 18, 24, 25
+TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_LEN, SOLO_TRIGGERS, WORKER_JOBS = (
+    0,
+    8,
+    16,
+    17,
+    18,
+    19,
+    24,
+    25,
+)
 CHUNK, ROWS, GROUPS, WI, ROWB, NB, LDX, LDD, LDY = 32, 33, 34, 35, 36, 37, 38, 39, 40
 GROUP0, GROUP_WORDS = 48, 5  # per group: fn, xq, xd, xs, y
 CTRL_WORDS = GROUP0 + GROUP_WORDS * MAX_GROUPS
@@ -186,12 +198,22 @@ def _ir() -> list[str]:
         "finished:",
         "  %c1 = call i64 @llvm.readcyclecounter()",
         "  %waited = sub i64 %c1, %c0",
+        f"  %lenp = getelementptr i64, ptr %p, i64 {SOLO_LEN}",
+        "  %len = load i64, ptr %lenp, align 8",
         f"  %late = icmp ugt i64 %waited, {SOLO_WAIT_CYCLES}",
-        "  br i1 %late, label %gosolo, label %back",
-        "gosolo:",
-        f"  store i64 {SOLO_JOBS}, ptr %solop, align 8",
+        "  br i1 %late, label %gosolo, label %calm",
+        "gosolo:",  # alone for `len` jobs; twice as long after the next late worker
+        "  store i64 %len, ptr %solop, align 8",
+        "  %len2 = shl i64 %len, 1",
+        f"  %len3 = call i64 @llvm.umin.i64(i64 %len2, i64 {SOLO_MAX})",
+        "  store i64 %len3, ptr %lenp, align 8",
         f"  %trigp = getelementptr i64, ptr %p, i64 {SOLO_TRIGGERS}",
         "  %trig = atomicrmw add ptr %trigp, i64 1 monotonic, align 8",
+        "  br label %back",
+        "calm:",  # each job the worker kept up with shortens the next solo run
+        "  %lm = sub i64 %len, 1",
+        f"  %lm2 = call i64 @llvm.umax.i64(i64 %lm, i64 {SOLO_MIN})",
+        "  store i64 %lm2, ptr %lenp, align 8",
         "  br label %back",
         "back:",
         "  ret i64 %waited",
@@ -255,6 +277,7 @@ def _ir() -> list[str]:
         "declare i64 @llvm.readcyclecounter()",
         "declare void @llvm.x86.sse2.pause()",
         "declare i32 @usleep(i32)",
+        "declare i64 @llvm.umax.i64(i64, i64)",
     ]
     return decls + ["\n".join(chunk), "\n".join(claim), "\n".join(run), "\n".join(worker)]
 
@@ -286,6 +309,7 @@ def _build() -> dict:
         return {"ok": False}
     addr += -addr % 64
     ctrl = np.ctypeslib.as_array(ctypes.cast(addr, ctypes.POINTER(ctypes.c_int64)), (CTRL_WORDS,))
+    ctrl[SOLO_LEN] = SOLO_MIN
     worker = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64)(
         engine.get_function_address("ember_pool_worker")
     )
