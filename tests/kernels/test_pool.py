@@ -111,3 +111,32 @@ def test_a_forked_child_computes_without_its_parents_workers():
         os.waitpid(pid, 0)
         os.close(r)
     assert got == b"1"
+
+
+def test_products_from_several_python_threads_never_mix():
+    """Threads calling products at once: one holds the pool's job block, the others run their
+    jobs alone on blocks of their own; every result is the one-thread product."""
+    import threading
+
+    rng = np.random.default_rng(4)
+    jobs = [_operands(rng, m, n=n, k=576, qtype=q) for m, n, q in
+            ((1, 3000, "Q4_1"), (5, 1333, "Q8_0"), (3, 2901, "Q4_0"), (8, 640, "Q4_1"))]  # fmt: skip
+    qtypes = ["Q4_1", "Q8_0", "Q4_0", "Q4_1"]
+    with threads_set(1):
+        want = [_product(q, w3, x) for q, (w3, x) in zip(qtypes, jobs)]
+    bad: list = []
+
+    def hammer(i: int) -> None:
+        q, (w3, x) = qtypes[i], jobs[i]
+        for _ in range(100):
+            if not np.array_equal(_product(q, w3, x), want[i]):
+                bad.append(i)
+                return
+
+    with threads_set(2):
+        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not bad

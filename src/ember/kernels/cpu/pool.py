@@ -21,9 +21,12 @@ one kernel call whichever thread runs it, so results are bitwise those of one th
 
 A job calls, for each chunk ``[r0, r1)`` of rows and each of up to ``MAX_GROUPS`` groups of
 arguments, ``fn(wi, rowb, nb, r0, r1, xq, ldx, xd, xs, ldd, y, ldy)``: the signature of the
-``_idot`` kernels (``kernels.cpu.quant._idot``). The master side is the LLVM IR function
-``ember_pool_run(ctrl, nchunks)``, which numba drivers call; the workers are Python threads
-parked in ``ember_pool_worker`` (machine code: no GIL held).
+``_idot`` kernels (``kernels.cpu.quant._idot``). The master side is two LLVM IR functions that
+numba drivers call: ``ember_pool_acquire(ctrl)`` takes the pool's job block for the caller (one
+caller at a time; another thread calling at the same moment gets 0 and runs its job alone, on a
+block of its own: products from several Python threads never mix), then ``ember_pool_run(block,
+nchunks, shared)`` runs it. The workers are Python threads parked in ``ember_pool_worker``
+(machine code: no GIL held).
 """
 
 from __future__ import annotations
@@ -46,16 +49,8 @@ SOLO_MIN, SOLO_MAX = 16, 4096
 
 # ctrl: int64 words, on cache lines (8 words) by who writes them: the ticket, the done count,
 # the settings, the counters (``stats``), the job
-TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_LEN, SOLO_TRIGGERS, WORKER_JOBS = (
-    0,
-    8,
-    16,
-    17,
-    18,
-    19,
-    24,
-    25,
-)
+TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_LEN, LOCK = 0, 8, 16, 17, 18, 19, 20
+SOLO_TRIGGERS, WORKER_JOBS = 24, 25
 CHUNK, ROWS, GROUPS, WI, ROWB, NB, LDX, LDD, LDY = 32, 33, 34, 35, 36, 37, 38, 39, 40
 GROUP0, GROUP_WORDS = 48, 5  # per group: fn, xq, xd, xs, y
 CTRL_WORDS = GROUP0 + GROUP_WORDS * MAX_GROUPS
@@ -143,13 +138,19 @@ def _ir() -> list[str]:
         "}",
     ]
     run = [
-        # the master: run job (ctrl's fields) over nch chunks; returns the cycles it waited
-        "define i64 @ember_pool_run(i64 %ctrl, i64 %nch) {",
+        # the master: run the job in block %ctrl (its fields written) over nch chunks; %shared:
+        # the block is the pool's (its lock held: workers may help, the lock is released at
+        # the end), else a caller's own block, run alone. Returns the cycles it waited.
+        "define i64 @ember_pool_run(i64 %ctrl, i64 %nch, i64 %shared) {",
         "entry:",
         "  %p = inttoptr i64 %ctrl to ptr",
+        f"  %lockp = getelementptr i64, ptr %p, i64 {LOCK}",
         f"  %activep = getelementptr i64, ptr %p, i64 {ACTIVE}",
-        "  %active = load atomic i64, ptr %activep monotonic, align 8",
         f"  %solop = getelementptr i64, ptr %p, i64 {SOLO}",
+        "  %own = icmp eq i64 %shared, 0",
+        "  br i1 %own, label %sloop0, label %pool",
+        "pool:",
+        "  %active = load atomic i64, ptr %activep monotonic, align 8",
         "  %solo = load i64, ptr %solop, align 8",
         "  %none = icmp eq i64 %active, 0",
         "  %one = icmp ule i64 %nch, 1",
@@ -173,6 +174,11 @@ def _ir() -> list[str]:
         "  %smore = icmp ult i64 %i1, %nch",
         "  br i1 %smore, label %sloop, label %sdone",
         "sdone:",
+        "  br i1 %own, label %sret, label %srelease",
+        "srelease:",
+        "  store atomic i64 0, ptr %lockp release, align 8",
+        "  br label %sret",
+        "sret:",
         "  ret i64 0",
         "publish:",
         "  %t = load atomic i64, ptr %p monotonic, align 8",
@@ -216,7 +222,20 @@ def _ir() -> list[str]:
         "  store i64 %lm2, ptr %lenp, align 8",
         "  br label %back",
         "back:",
+        "  store atomic i64 0, ptr %lockp release, align 8",
         "  ret i64 %waited",
+        "}",
+    ]
+    acquire = [
+        # 1 when the caller now holds the pool's block (its lock), 0 when another caller does
+        "define i64 @ember_pool_acquire(i64 %ctrl) {",
+        "entry:",
+        "  %p = inttoptr i64 %ctrl to ptr",
+        f"  %lockp = getelementptr i64, ptr %p, i64 {LOCK}",
+        "  %cx = cmpxchg ptr %lockp, i64 0, i64 1 acquire monotonic, align 8",
+        "  %ok = extractvalue { i64, i1 } %cx, 1",
+        "  %r = zext i1 %ok to i64",
+        "  ret i64 %r",
         "}",
     ]
     worker = [
@@ -279,7 +298,8 @@ def _ir() -> list[str]:
         "declare i32 @usleep(i32)",
         "declare i64 @llvm.umax.i64(i64, i64)",
     ]
-    return decls + ["\n".join(chunk), "\n".join(claim), "\n".join(run), "\n".join(worker)]
+    parts = (chunk, claim, run, acquire, worker)
+    return decls + ["\n".join(part) for part in parts]
 
 
 def state() -> dict | None:
@@ -300,7 +320,7 @@ def _build() -> dict:
 
     libc = ctypes.CDLL(None)
     llvm.add_symbol("usleep", ctypes.cast(libc.usleep, ctypes.c_void_p).value)
-    engine = G.jit_ir(_ir(), ["ember_pool_run", "ember_pool_worker"])
+    engine = G.jit_ir(_ir(), ["ember_pool_run", "ember_pool_acquire", "ember_pool_worker"])
     # the control block lives as long as the process (workers may read it until they stop:
     # never memory that interpreter shutdown frees), on cache-line boundaries
     libc.calloc.restype = ctypes.c_void_p
@@ -358,7 +378,8 @@ atexit.register(_stop_workers)
 
 
 def ctrl() -> np.ndarray:
-    """The job block numba drivers fill (workers started for the current thread count)."""
+    """The pool's job block, which numba drivers take with ember_pool_acquire before filling
+    it (workers started for the current thread count)."""
     st = _STATE if _STATE.get("ok") else state()
     if not st.get("configured"):
         from ember.threads import get_num_threads

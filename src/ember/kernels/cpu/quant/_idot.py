@@ -513,7 +513,7 @@ def _has_vnni(features: dict, isa: str) -> bool:
 
 # ------------------------------------------------------------------ numba driver
 _quantize = None  # quantize_rows_py compiled
-_run = None  # kernels.cpu.pool's ember_pool_run (ExternalFunction)
+_run = _acquire = None  # kernels.cpu.pool's ember_pool_run and ember_pool_acquire
 # the pool's job words the driver fills (kernels.cpu.pool's layout), bound by _build
 _CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
 
@@ -553,14 +553,16 @@ def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
             xs[i, b] = d * np.float32(t)
 
 
-def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, fns):  # pragma: no cover - compiled
+def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, own, fns):  # pragma: no cover - compiled
     """y (M, N) = x @ W.T for W's (N, blocks, bytes) uint8 blocks of format f, x float32 (M, K).
 
     Quantizes x, then hands the weight's rows to ``kernels.cpu.pool`` in chunks of ``chunk``
     rows; each chunk runs the kernel for every group of up to G_MAX rows of x while its weight
-    rows stay in cache. ``fns``: the kernels' addresses, format-major. xq, xd, xs: scratch for
-    x's Q8 blocks, from the caller (the kernels see raw addresses only: arrays allocated here
-    could be freed by numba before the pool reads them). Returns the cycles the caller waited.
+    rows stay in cache. ``ctrl``: the pool's job block; ``own``: the caller's, used alone when
+    another thread holds the pool's. ``fns``: the kernels' addresses, format-major. xq, xd,
+    xs: scratch for x's Q8 blocks, from the caller (the kernels see raw addresses only: arrays
+    allocated here could be freed by numba before the pool reads them). Returns the cycles
+    the caller waited.
     """
     m, k = x.shape
     n, nb, bs = w.shape
@@ -569,6 +571,9 @@ def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, fns):  # pragma: no cover - 
         _quantize(x, xq, xd, xs)
     qa = x.ctypes.data if f == 3 else xq.ctypes.data
     da, sa, ya = xd.ctypes.data, xs.ctypes.data, y.ctypes.data
+    shared = _acquire(ctrl.ctypes.data)
+    if shared == 0:
+        ctrl = own
     ctrl[_CHUNK] = chunk
     ctrl[_ROWS] = n
     ctrl[_WI] = w.ctypes.data
@@ -588,7 +593,7 @@ def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, fns):  # pragma: no cover - 
         ctrl[o + 2] = da + m0 * nb * 4
         ctrl[o + 3] = sa + m0 * nb * 4
         ctrl[o + 4] = ya + m0 * n * 4
-    return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk)
+    return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk, shared)
 
 
 def _build(nb, vnni: bool):
@@ -597,7 +602,9 @@ def _build(nb, vnni: bool):
     from ember.kernels.cpu import pool, vecmath
 
     g = globals()
-    g["_run"] = types.ExternalFunction("ember_pool_run", types.int64(types.int64, types.int64))
+    i64 = types.int64
+    g["_run"] = types.ExternalFunction("ember_pool_run", i64(i64, i64, i64))
+    g["_acquire"] = types.ExternalFunction("ember_pool_acquire", i64(i64))
     for name in ("CHUNK", "ROWS", "GROUPS", "WI", "ROWB", "NB", "LDX", "LDD", "LDY", "GROUP0",
                  "GROUP_WORDS"):  # fmt: skip
         g[f"_{name}"] = getattr(pool, name)
@@ -694,9 +701,10 @@ def bind(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray):
     groups = -(-m // G_MAX)
     chunk = max(2, min(n, CHUNK_BYTES // (rowb * groups)) & ~1)
     driver, f, fns, ctrl = st["driver"], SPECS.get(qtype, FLOAT_SPEC)[0], st["fns"], pool.ctrl
+    own = np.zeros(pool.CTRL_WORDS, np.int64)  # the job's block when another thread has the pool's
 
     def run() -> None:
-        driver(f, w3, x, y, xq, xd, xs, chunk, ctrl(), fns)
+        driver(f, w3, x, y, xq, xd, xs, chunk, ctrl(), own, fns)
 
     return run
 
