@@ -214,7 +214,11 @@ def throughput(args, path: str) -> None:
                 failed[eng.name] = f"failed to start: {e}"
                 continue
             try:
-                asyncio.run(load(eng, 1, 1, 8))  # warm-up
+                # warm-up, the same for every engine: two whole answers on one stream, then
+                # one short answer per stream at the widest load (first-request costs: compiled
+                # kernels loaded, ember's decode graphs captured per batch size)
+                asyncio.run(load(eng, 1, 2, args.tokens))
+                asyncio.run(load(eng, max(args.streams), 1, 8))
                 for n in args.streams:
                     try:
                         r = asyncio.run(load(eng, n, args.requests, args.tokens))
