@@ -225,7 +225,7 @@ class CLIPTextModel(nn.Module):
             neg = np.finfo(np.float32).min
             causal = np.triu(np.full((n, n), neg, np.float32), 1)
             pad = np.where(am[:, None, None, :] > 0, 0.0, neg).astype(np.float32)
-            mask = ember.from_numpy(np.maximum(causal[None, None] + pad, neg))
+            mask = ember.from_numpy(np.minimum(causal[None, None], pad))
         x = tm.embeddings(ember.from_numpy(ids))
         states = [x]
         for layer in tm.encoder.layers:

@@ -214,9 +214,7 @@ class DDIMScheduler(_Scheduler):
         x0, eps = self._x0_eps(cfg, model_output, sample, a)
         if cfg.clip_sample:
             r = cfg.clip_sample_range
-            x0 = x0.clamp(-r, r)
-            if cfg.prediction_type != "epsilon":
-                eps = (sample - x0 * a**0.5) * (1.0 / (1.0 - a) ** 0.5)
+            x0 = x0.clamp(-r, r)  # eps stays the one from the unclipped x0, as in diffusers
         var = (1.0 - a_prev) / (1.0 - a) * (1.0 - a / a_prev)
         std = eta * var**0.5
         out = x0 * a_prev**0.5 + eps * max(1.0 - a_prev - std**2, 0.0) ** 0.5

@@ -93,7 +93,9 @@ class CLIPTokenizer:
             ]
         )
         backend.decoder = decoders.ByteLevel()
-        specials = [t for t in (kw.get("bos_token"), kw.get("eos_token")) if t in table]
+        # as in transformers, the special tokens' text in a prompt is that token (SD 2.x's "!" too)
+        roles = ("bos_token", "eos_token", "pad_token")
+        specials = list(dict.fromkeys(t for t in (kw.get(r) for r in roles) if t in table))
         backend.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in specials])
         return cls(backend, **kw)
 
