@@ -60,9 +60,15 @@ def test_final_latents_and_image_match_diffusers(pipes, sched, hw, prompts, nega
     assert np.abs(got.images.astype(int) - np.round(want_img * 255).astype(int)).max() <= 1
 
 
-def test_seed_is_reproducible_and_defaults(pipes):
+def test_seed_is_reproducible_and_defaults(pipes, sd):
     _, ours = pipes
     pipe = ours["ddim"]
+    plain = StableDiffusionPipeline.from_pretrained(sd[0], optimize=False)
+    np.testing.assert_allclose(
+        plain("a cat", num_inference_steps=2, seed=3, output_type="latent").latents,
+        pipe("a cat", num_inference_steps=2, seed=3, output_type="latent").latents,
+        atol=1e-4,
+    )
     a = pipe("a cat", num_inference_steps=2, seed=3)
     b = pipe("a cat", num_inference_steps=2, seed=3)
     c = pipe("a cat", num_inference_steps=2, seed=4)

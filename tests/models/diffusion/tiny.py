@@ -39,16 +39,20 @@ VAE = dict(
 )
 
 
-def clip_text_config(vocab_size: int, act: str = "quick_gelu") -> dict:
+def clip_text_config(
+    vocab_size: int, act: str = "quick_gelu", max_tokens: int = MAX_TOKENS
+) -> dict:
     """A 2-layer, 16-wide CLIP text tower."""
     return dict(
         bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 1,
         hidden_size=16, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
-        vocab_size=vocab_size, max_position_embeddings=MAX_TOKENS, hidden_act=act,
+        vocab_size=vocab_size, max_position_embeddings=max_tokens, hidden_act=act,
     )  # fmt: skip
 
 
-def write_tokenizer(folder: Path, words=WORDS, pad: str = "<|endoftext|>") -> int:
+def write_tokenizer(
+    folder: Path, words=WORDS, pad: str = "<|endoftext|>", max_tokens: int = MAX_TOKENS
+) -> int:
     """vocab.json, merges.txt and the configs of a CLIP tokenizer; returns the vocabulary size."""
     from tokenizers.pre_tokenizers import ByteLevel
 
@@ -72,7 +76,7 @@ def write_tokenizer(folder: Path, words=WORDS, pad: str = "<|endoftext|>") -> in
     special = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
                "unk_token": "<|endoftext|>", "pad_token": pad}  # fmt: skip
     (folder / "special_tokens_map.json").write_text(json.dumps(special))
-    cfg = dict(special, model_max_length=MAX_TOKENS, tokenizer_class="CLIPTokenizer")
+    cfg = dict(special, model_max_length=max_tokens, tokenizer_class="CLIPTokenizer")
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     return len(vocab)
 
@@ -94,7 +98,8 @@ def randomize(module, seed: int) -> None:
 
 
 def save_pipeline(folder: Path, seed: int = 0, scheduler: str = "ddim", act: str = "quick_gelu",
-                  unet: dict | None = None, vae: dict | None = None, **scheduler_kw):  # fmt: skip
+                  unet: dict | None = None, vae: dict | None = None, text: dict | None = None,
+                  max_tokens: int = MAX_TOKENS, **scheduler_kw):  # fmt: skip
     """Save a random tiny StableDiffusionPipeline to folder; returns the diffusers pipeline."""
     import torch
     from diffusers import (
@@ -106,9 +111,11 @@ def save_pipeline(folder: Path, seed: int = 0, scheduler: str = "ddim", act: str
     )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    n = write_tokenizer(folder / "tokenizer")
+    n = write_tokenizer(folder / "tokenizer", max_tokens=max_tokens)
     torch.manual_seed(seed)
-    text = CLIPTextModel(CLIPTextConfig(**clip_text_config(n, act))).eval()
+    text = CLIPTextModel(
+        CLIPTextConfig(**{**clip_text_config(n, act, max_tokens), **(text or {})})
+    ).eval()
     u = UNet2DConditionModel(**(unet or UNET)).eval()
     v = AutoencoderKL(**(vae or VAE)).eval()
     for i, m in enumerate((text, u, v)):
