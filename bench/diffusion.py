@@ -12,7 +12,7 @@ ember's pipeline without optimize_for_inference. Nothing is appended to bench/RE
 On a shared 2-core machine use --threads 1: two threads per engine on cores that other
 processes also use make both sides' times swing by 5-10x from call to call.
 
-    .venv/bin/python bench/diffusion.py [--size small] [--steps 10] [--threads 2] [--repeat 3]
+    .venv/bin/python bench/diffusion.py [--size small] [--steps 10] [--threads 1] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ SIZES = {
     ),
     "sd15": dict(
         unet=dict(cross_attention_dim=768, sample_size=64),
-        vae=dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+        vae=dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32,
                  down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4),
         text=dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12),
     ),
@@ -56,10 +56,7 @@ def build(folder: Path, size: str):
     if size == "tiny":
         return tiny.save_pipeline(folder)
     cfg = SIZES[size]
-    unet = {**tiny.UNET, **cfg["unet"]}
-    for k in ("down_block_types", "up_block_types", "norm_num_groups"):  # SD 1.x's defaults
-        unet.pop(k)
-    return tiny.save_pipeline(folder, unet=unet, vae={**tiny.VAE, **cfg["vae"]}, text=cfg["text"], max_tokens=77)  # fmt: skip
+    return tiny.save_pipeline(folder, unet=cfg["unet"], vae={**tiny.VAE, **cfg["vae"]}, text=cfg["text"], max_tokens=77)  # fmt: skip
 
 
 def main() -> None:
@@ -69,11 +66,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--height", type=int, default=None)
     ap.add_argument("--width", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument(
-        "--profile", action="store_true", help="where ember's UNet call spends its time"
-    )
+    ap.add_argument("--profile", action="store_true", help="where ember's UNet time goes")
+    ap.add_argument("--no-optimize", action="store_true", help="no optimize_for_inference")
     args = ap.parse_args()
 
     import torch
