@@ -110,6 +110,8 @@ def test_bad_configs_and_calls():
         DDIMScheduler(thresholding=True)
     with pytest.raises(FormatError, match="num_train_timesteps"):
         DDIMScheduler(num_train_timesteps=10**9)
+    with pytest.raises(FormatError, match="malformed"):
+        DDIMScheduler(beta_start="small")
     with pytest.raises(FormatError, match="trained_betas"):
         DDIMScheduler(trained_betas=[0.1, 0.2])
     s = EulerDiscreteScheduler(**SD)

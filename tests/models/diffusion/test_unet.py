@@ -101,6 +101,7 @@ BAD_CONFIGS = [
     ({"cross_attention_dim": 24}, ShapeError, "does not fit"),
     ({"block_out_channels": [12, 16]}, ShapeError, "does not fit"),
     ({"norm_num_groups": "4"}, FormatError, "norm_num_groups"),
+    ({"down_block_types": 7}, FormatError, "malformed config"),
 ]
 
 

@@ -98,6 +98,8 @@ def test_decoder_only_and_old_attention_names(pair, tmp_path):
         ({"latent_channels": 0}, FormatError, "latent_channels"),
         ({"act_fn": "tanh"}, UnsupportedError, "act_fn"),
         ({"latent_channels": 8}, ShapeError, "does not fit"),
+        ({"scaling_factor": -1}, FormatError, "scaling_factor"),
+        ({"block_out_channels": 64}, FormatError, "malformed config"),
     ],
 )
 def test_bad_configs(sd, tmp_path, change, err, match):

@@ -37,7 +37,10 @@ def config_from_dict(cls, d: dict, where: str):
     names = {f.name for f in fields(cls)} - {"extra"}
     known = {k: v for k, v in d.items() if k in names}
     cfg = cls(**known, extra={k: v for k, v in d.items() if k not in names})
-    cfg.validate(where)
+    try:
+        cfg.validate(where)
+    except (TypeError, ValueError) as e:  # a field of the wrong JSON type (a number for a list)
+        raise FormatError(f"{where}: malformed config ({type(e).__name__}: {e})") from None
     return cfg
 
 

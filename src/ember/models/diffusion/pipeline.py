@@ -124,8 +124,13 @@ class StableDiffusionPipeline:
     def default_size(self) -> tuple[int, int]:
         """(height, width) the UNet was trained at: sample_size latents times the VAE's factor."""
         s = self.unet.config.sample_size
-        h, w = (s, s) if isinstance(s, int) else tuple(s)
-        return h * self.vae_scale_factor, w * self.vae_scale_factor
+        if isinstance(s, int) and not isinstance(s, bool):
+            s = (s, s)
+        if not (
+            isinstance(s, (list, tuple)) and len(s) == 2 and all(isinstance(v, int) for v in s)
+        ):
+            raise EmberError(f"Stable Diffusion: the UNet's sample_size {s!r} gives no default size; pass height and width")  # fmt: skip
+        return s[0] * self.vae_scale_factor, s[1] * self.vae_scale_factor
 
     def encode_prompt(self, prompts: list[str], negative: list[str] | None, cfg: bool) -> Tensor:
         """Text states (b, tokens, dim), with the negative prompts' states first when ``cfg``."""
@@ -160,8 +165,9 @@ class StableDiffusionPipeline:
                 raise ShapeError(f"Stable Diffusion: {len(negative)} negative prompts for {len(prompts)} prompts")  # fmt: skip
         if output_type not in ("np", "latent"):
             raise EmberError(f"Stable Diffusion: output_type must be 'np' or 'latent', got {output_type!r}")  # fmt: skip
-        dh, dw = self.default_size()
-        height, width = height or dh, width or dw
+        if height is None or width is None:
+            dh, dw = self.default_size()
+            height, width = height or dh, width or dw
         self._check_size(height, width)
         f, c = self.vae_scale_factor, self.unet.config.in_channels
         shape = (len(prompts), c, height // f, width // f)

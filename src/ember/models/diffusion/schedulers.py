@@ -115,8 +115,11 @@ class _Scheduler:
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names}
         self.config = self.config_class(**known, extra=extra)
-        self._validate()
-        betas = _betas(self.config)
+        try:
+            self._validate()
+            betas = _betas(self.config)
+        except (TypeError, ValueError) as e:  # a field of the wrong JSON type
+            raise FormatError(f"scheduler config: malformed ({type(e).__name__}: {e})") from None
         self.betas = betas
         # torch's float32 cumprod accumulates in double: so does this, to the same float32 values
         alphas = (np.float32(1.0) - betas).astype(np.float64)

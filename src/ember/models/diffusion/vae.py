@@ -82,6 +82,9 @@ class AutoencoderKLConfig:
             check_count(getattr(self, name), name, where)
         check_count(self.layers_per_block, "layers_per_block", where, high=64)
         activation(self.act_fn, where)
+        sf = self.scaling_factor
+        if isinstance(sf, bool) or not isinstance(sf, (int, float)) or not 0 < sf < 1e6:
+            raise FormatError(f"{where}: scaling_factor must be a positive number, got {sf!r}")
         if self.extra.get("norm_type", "group") != "group":
             raise UnsupportedError(f"{where}: norm_type {self.extra['norm_type']!r} is not 'group'")
 
