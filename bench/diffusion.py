@@ -9,8 +9,8 @@ starting latents; engines take turns, one untimed call each first, and the media
 --repeat timed calls are printed with their ratio and the final latents' largest difference.
 --profile prints where ember's UNet time goes (cProfile, by function); --no-optimize loads
 ember's pipeline without optimize_for_inference. Nothing is appended to bench/RESULTS.md.
-On a shared 2-core machine use --threads 1: two threads per engine on cores that other
-processes also use make both sides' times swing by 5-10x from call to call.
+On a shared 2-core machine use --threads 1 (and --clock cpu): two threads per engine on cores
+that other processes also use make both sides' times swing by 5-10x from call to call.
 
     .venv/bin/python bench/diffusion.py [--size small] [--steps 10] [--threads 1] [--repeat 3]
 """
@@ -70,6 +70,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="where ember's UNet time goes")
     ap.add_argument("--no-optimize", action="store_true", help="no optimize_for_inference")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: process CPU time (with --threads 1, steady on a machine others share)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -116,6 +122,7 @@ def main() -> None:
         prof = cProfile.Profile()
         prof.runcall(unet_ember)
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = []
     for what, engines, repeat in (("UNet call (CFG batch 2)", {"ember": unet_ember, "torch": unet_torch}, args.repeat),
                                   (f"pipeline, {args.steps} DDIM steps + decode", {"ember": pipe_ember, "torch": pipe_torch}, max(1, args.repeat - 1))):  # fmt: skip
@@ -123,16 +130,16 @@ def main() -> None:
         outs = {}
         for i in range(repeat + 1):
             for name, fn in engines.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 outs[name] = fn()
                 if i:
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].append(clock() - t0)
         diff = float(np.abs(outs["ember"] - outs["torch"]).max())
         rows.append((what, times, diff, float(np.abs(outs["torch"]).max())))
     n_params = sum(p.numel() for p in pipe.unet.parameters())
     print(f"Stable Diffusion '{args.size}' (UNet {n_params / 1e6:.1f}M parameters, random weights), "
           f"{w}x{h} px ({w // f}x{h // f} latents), {args.threads} threads, "
-          f"{'not ' if args.no_optimize else ''}optimized; ember load {t_load * 1e3:.0f} ms")  # fmt: skip
+          f"{'not ' if args.no_optimize else ''}optimized, {args.clock} clock; ember load {t_load * 1e3:.0f} ms")  # fmt: skip
     print("| what | ember median (best) s | torch median (best) s | ember / torch | max abs diff (max abs) |")  # fmt: skip
     print("| --- | --- | --- | --- | --- |")
     for what, times, diff, top in rows:
