@@ -4,9 +4,11 @@ diffusers builds a random StableDiffusionPipeline of the chosen --size (``small`
 layout, four levels, narrower, 256 px; ``tiny``: the tests' config; ``sd15``: the real
 860M-parameter UNet shape at --height/--width, slow on a small CPU), saves it with
 save_pretrained, and ember loads that folder. Both run one UNet call on the CFG batch (2
-latents) and the whole pipeline (--steps DDIM steps, guidance 7.5, VAE decode) from the same
-starting latents; engines take turns, one untimed call each first, and the median and best of
---repeat timed calls are printed with their ratio and the final latents' largest difference.
+latents) and the whole pipeline (--steps DDIM steps, guidance 7.5, VAE decode to a uint8 image
+on both sides) from the same starting latents; engines take turns, one untimed call each
+first, and the median and best of --repeat timed calls are printed with their ratio, the
+outputs' largest difference (UNet output; image in uint8 levels) and, from one more untimed
+run, the final latents'.
 --profile prints where ember's UNet time goes (cProfile, by function); --no-optimize loads
 ember's pipeline without optimize_for_inference. Nothing is appended to bench/RESULTS.md.
 On a shared 2-core machine use --threads 1 (and --clock cpu): two threads per engine on cores
@@ -107,12 +109,19 @@ def main() -> None:
         with torch.no_grad():
             return ref.unet(torch.from_numpy(x2), 981, torch.from_numpy(ctx)).sample.numpy()
 
-    def pipe_ember():
-        return pipe(prompt, latents=lat, **kw).latents
+    def pipe_ember():  # both sides decode: the images, as uint8
+        return pipe(prompt, latents=lat, **kw).images.astype(np.float32)
 
     def pipe_torch():
         with torch.no_grad():
-            return ref(prompt, latents=torch.from_numpy(lat), output_type="latent", **kw).images.numpy()  # fmt: skip
+            img = ref(prompt, latents=torch.from_numpy(lat), output_type="np", **kw).images
+        return np.round(img * 255.0).astype(np.float32)
+
+    def latents_diff() -> tuple[float, float]:
+        with torch.no_grad():
+            want = ref(prompt, latents=torch.from_numpy(lat), output_type="latent", **kw).images.numpy()  # fmt: skip
+        got = pipe(prompt, latents=lat, output_type="latent", **kw).latents
+        return float(np.abs(got - want).max()), float(np.abs(want).max())
 
     if args.profile:
         import cProfile
@@ -136,6 +145,7 @@ def main() -> None:
                     times[name].append(clock() - t0)
         diff = float(np.abs(outs["ember"] - outs["torch"]).max())
         rows.append((what, times, diff, float(np.abs(outs["torch"]).max())))
+    lat_diff, lat_top = latents_diff()
     n_params = sum(p.numel() for p in pipe.unet.parameters())
     print(f"Stable Diffusion '{args.size}' (UNet {n_params / 1e6:.1f}M parameters, random weights), "
           f"{w}x{h} px ({w // f}x{h // f} latents), {args.threads} threads, "
@@ -146,6 +156,7 @@ def main() -> None:
         e, t = times["ember"], times["torch"]
         print(f"| {what} | {statistics.median(e):.3f} ({min(e):.3f}) | {statistics.median(t):.3f} "
               f"({min(t):.3f}) | {statistics.median(e) / statistics.median(t):.2f}x | {diff:.1e} ({top:.1f}) |")  # fmt: skip
+    print(f"final latents (output_type='latent', untimed): max abs diff {lat_diff:.1e} (max abs {lat_top:.1f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ def test_bad_calls(pipes):
         pipe("x", negative_prompt=["a", "b"], num_inference_steps=1)
     with pytest.raises(UnsupportedError, match="DDIM"):
         pipe("x", eta=0.3, num_inference_steps=1)
+    with pytest.raises(EmberError, match="must be finite"):
+        pipe("x", guidance_scale=float("nan"), num_inference_steps=1)
     with pytest.raises(EmberError, match="no prompt"):
         pipe([], num_inference_steps=1)
 

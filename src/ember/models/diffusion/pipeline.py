@@ -19,6 +19,7 @@ torch's generator would give); pass ``latents`` to start from given noise.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import ember
 from ember.errors import EmberError, FormatError, ShapeError, UnsupportedError
 from ember.models.diffusion._layers import read_json
 from ember.models.diffusion.clip_text import CLIPTextModel
-from ember.models.diffusion.schedulers import CLASS_NAMES, SCHEDULERS
+from ember.models.diffusion.schedulers import CLASS_NAMES, SCHEDULERS, DDIMScheduler
 from ember.models.diffusion.tokenizer import CLIPTokenizer
 from ember.models.diffusion.unet import UNet2DConditionModel
 from ember.models.diffusion.vae import AutoencoderKL
@@ -163,6 +164,8 @@ class StableDiffusionPipeline:
             negative = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt)  # fmt: skip
             if len(negative) != len(prompts):
                 raise ShapeError(f"Stable Diffusion: {len(negative)} negative prompts for {len(prompts)} prompts")  # fmt: skip
+        if not math.isfinite(guidance_scale) or not math.isfinite(eta) or eta < 0:
+            raise EmberError(f"Stable Diffusion: guidance_scale and eta must be finite (eta >= 0), got {guidance_scale}, {eta}")  # fmt: skip
         if output_type not in ("np", "latent"):
             raise EmberError(f"Stable Diffusion: output_type must be 'np' or 'latent', got {output_type!r}")  # fmt: skip
         if height is None or width is None:
@@ -180,7 +183,7 @@ class StableDiffusionPipeline:
         sched = self.scheduler
         timesteps = sched.set_timesteps(num_inference_steps)
         cfg = guidance_scale > 1.0
-        if eta and not hasattr(sched, "final_alpha_cumprod"):
+        if eta and not isinstance(sched, DDIMScheduler):
             raise UnsupportedError("Stable Diffusion: eta > 0 needs the DDIM scheduler")
         extra = {"eta": eta, "generator": np.random.default_rng(seed)} if eta else {}
         with ember.no_grad():
