@@ -40,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=size, help="pixels, a multiple of 8 (default: the model's)")
     p.add_argument("--width", type=size, help="pixels, a multiple of 8 (default: the model's)")
     p.add_argument("--threads", type=int_at_least(1), help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--no-optimize",
+        action="store_true",
+        help="skip packing the weights: about half the memory, slower steps",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="timings on stderr")
     add_progress_flag(p)
 
@@ -66,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         ember.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    pipe = StableDiffusionPipeline.from_pretrained(folder, scheduler=args.scheduler)
+    pipe = StableDiffusionPipeline.from_pretrained(
+        folder, scheduler=args.scheduler, optimize=not args.no_optimize
+    )
     t_load = time.perf_counter() - t0
     progress = bar(args.steps, desc="denoising", unit="step", enabled=args.progress)
     t0 = time.perf_counter()
