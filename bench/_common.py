@@ -65,6 +65,24 @@ def blas_info() -> str:
     return "; ".join(parts) or "no BLAS found"
 
 
+def cpu_name() -> str:
+    """The CPU's model name and its widest SIMD features (the kernels pick their path by them)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16") if f in flags]
+    return f"{name} ({' '.join(simd) or 'no AVX2'})"
+
+
 def append(title: str, table: str) -> None:
     """Append a section with the command line, machine, BLAS and the table to RESULTS.md."""
     if not RESULTS.exists():
@@ -76,6 +94,7 @@ def append(title: str, table: str) -> None:
     with RESULTS.open("a") as f:
         f.write(f"\n## {title} ({datetime.date.today()})\n\n")
         f.write(
-            f"- command: `{cmd}`\n- machine: {platform.machine()}, {os.cpu_count()} cores; env: {env or '-'}\n"
+            f"- command: `{cmd}`\n- machine: {platform.machine()}, {os.cpu_count()} cores, "
+            f"{cpu_name()}; env: {env or '-'}\n"
         )
         f.write(f"- BLAS: {blas_info()}\n\n{table}\n")

@@ -217,8 +217,12 @@ def throughput(args, path: str) -> None:
                 # warm-up, the same for every engine: two whole answers on one stream, then
                 # one short answer per stream at the widest load (first-request costs: compiled
                 # kernels loaded, ember's decode graphs captured per batch size)
-                asyncio.run(load(eng, 1, 2, args.tokens))
-                asyncio.run(load(eng, max(args.streams), 1, 8))
+                try:
+                    asyncio.run(load(eng, 1, 2, args.tokens))
+                    asyncio.run(load(eng, max(args.streams), 1, 8))
+                except Exception as e:  # noqa: BLE001 - as a failed load below
+                    failed[eng.name] = f"warm-up failed: {type(e).__name__}: {e}"
+                    continue
                 for n in args.streams:
                     try:
                         r = asyncio.run(load(eng, n, args.requests, args.tokens))
