@@ -10,8 +10,9 @@ decode step (``ember.nn.graph``) replays it with the positions of the step at ha
 key/value heads, a sliding window, left padding and tanh soft-capping of the scores are handled
 in place: no transposes, repeats or mask tensors.
 
-- A few queries (decode): one numba pass per query row, scores one row at a time, on numba's
-  threads from PARALLEL_WORK multiply-adds on.
+- A few queries (decode): the LLVM IR kernel of ``decode_attention`` on ember's worker pool
+  (no padding, no soft-capping, a head size that fills vectors); otherwise one numba pass per
+  query row, scores one row at a time, on numba's threads from PARALLEL_WORK multiply-adds on.
 - A prompt (BLOCKED_MIN_QUERIES queries or more): blocks of query rows per key/value head as two
   BLAS products on the threads of ``tiles.run_tiles``, at most BLOCK_SCORES scores per block.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import have_numba, jit, numba_or_none
+from ember.kernels.cpu import decode_attention, have_numba, jit, numba_or_none
 from ember.kernels.registry import register
 
 # numba's threads from this many multiply-adds on (queries * keys * heads * dim)
@@ -252,11 +253,30 @@ def _when(q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None) -> b
     return kc.dtype == _F32 and vc.dtype == _F32 and kc.flags.c_contiguous and vc.flags.c_contiguous
 
 
+def _prepare(out, q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None):
+    """For a captured decode step (ember.nn.graph): ``decode_attention.bind`` on these arrays,
+    the positions read from the (B,) int64 buffer ``past`` at each call; None where the step
+    does not take that kernel."""
+    nb, nt = q.shape[:2]
+    ra = np.arange(nb, dtype=np.int64) if rows is None else rows
+    ok = (
+        kc is not None and nt < BLOCKED_MIN_QUERIES
+        and isinstance(past, np.ndarray) and past.dtype == np.int64 and past.shape == (nb,)
+        and past.flags.c_contiguous and isinstance(ra, np.ndarray) and ra.dtype == np.int64
+        and ra.flags.c_contiguous and out.dtype == _F32 and out.flags.c_contiguous
+        and decode_attention.applies(q, kc, pad, softcap)
+    )  # fmt: skip
+    if not ok:
+        return None
+    return decode_attention.bind(q, k, v, kc, vc, ra, past, int(window or 0), scale, out)
+
+
 @register(
     "cached_attention",
     reference=cached_attention_reference,
     when=_when,
     available=have_numba,
+    prepare=_prepare,
 )
 def cached_attention(
     q, k, v, *, kc, vc, past, window, pad, scale, softcap, rows=None
@@ -280,6 +300,8 @@ def cached_attention(
     pa, ra = _rows_of(nb, past, None if kc is None else rows)
     if nt >= BLOCKED_MIN_QUERIES:
         return _blocked(q, kb, vb, ra, n_keys, pa, w, pad, scale, cap)
+    if kc is not None and decode_attention.applies(q, kc, pad, cap):
+        return decode_attention.attend(q, kc, vc, ra, pa, n_keys, w, scale)
     parallel = nt * n_keys * hq * d >= PARALLEL_WORK
     out = np.empty((nb, nt, hq * d), _F32)
     has_pad = pad is not None

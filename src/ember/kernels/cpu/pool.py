@@ -388,6 +388,32 @@ def ctrl() -> np.ndarray:
     return st["ctrl"]
 
 
+_own = threading.local()  # a thread's own job block, for when another thread holds the pool's
+
+
+def run_items(fn: int, desc: int, items: int, chunk: int = 1) -> None:
+    """``fn(desc, 0, 0, i0, i1, 0, ...)`` over items [0, items) in chunks of ``chunk``, on the
+    pool (from Python; the numba drivers of _idot do the same in machine code)."""
+    st = _STATE if _STATE.get("ok") else state()
+    c = ctrl()
+    fns = st.get("c_fns")
+    if fns is None:
+        engine, i64 = st["engine"], ctypes.c_int64
+        run = ctypes.CFUNCTYPE(i64, i64, i64, i64)(engine.get_function_address("ember_pool_run"))
+        acq = ctypes.CFUNCTYPE(i64, i64)(engine.get_function_address("ember_pool_acquire"))
+        fns = st["c_fns"] = (run, acq, c.ctypes.data)
+    run, acq, addr = fns
+    shared = acq(addr)
+    blk, baddr = c, addr
+    if not shared:
+        blk = getattr(_own, "blk", None)
+        if blk is None:
+            blk = _own.blk = np.zeros(CTRL_WORDS, np.int64)
+        baddr = blk.ctypes.data
+    blk[CHUNK], blk[ROWS], blk[GROUPS], blk[WI], blk[GROUP0] = chunk, items, 1, desc, fn
+    run(baddr, -(-items // chunk), shared)
+
+
 def reconfigure() -> None:
     """Take the thread count (``ember.set_num_threads``) into account at the next job."""
     _STATE["configured"] = False
