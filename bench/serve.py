@@ -149,20 +149,32 @@ async def one_stream(client, eng: Engine, question: str, tokens: int) -> dict:
     body = {"model": eng.model, "messages": [{"role": "user", "content": question}],
             "max_tokens": tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **eng.extra}  # fmt: skip
+    import httpx
+
     t0 = time.perf_counter()
     stamps, usage = [], None
-    async with client.stream("POST", f"{eng.url}/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{eng.name}: HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if ev.get("usage"):
-                usage = ev["usage"]
-            for c in ev.get("choices") or []:
-                if (c.get("delta") or {}).get("content"):
-                    stamps.append(time.perf_counter())
+    for attempt in range(3):  # as the openai client does: retry a connection the server closed
+        try:
+            async with client.stream("POST", f"{eng.url}/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(
+                        f"{eng.name}: HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                    )
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    ev = json.loads(line[6:])
+                    if ev.get("usage"):
+                        usage = ev["usage"]
+                    for c in ev.get("choices") or []:
+                        if (c.get("delta") or {}).get("content"):
+                            stamps.append(time.perf_counter())
+            break
+        except (httpx.RemoteProtocolError, httpx.ConnectError):
+            # llama-server (cpp-httplib) closes a keep-alive connection after a few requests;
+            # a request sent on it just then gets no response: nothing was generated for it
+            if stamps or attempt == 2:
+                raise
     n = usage["completion_tokens"] if usage else len(stamps)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"tokens": n, "ttft": stamps[0] - t0 if stamps else float("nan"), "gaps": gaps}
