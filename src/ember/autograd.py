@@ -9,6 +9,7 @@ an input requires grad, and wraps the result in a Tensor.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,17 +20,19 @@ from ember.kernels import registry
 from ember.tensor import Tensor
 
 _grad_enabled = True
-# the ops of a step being captured (ember.nn.graph), or None: apply appends (the Kernel that
-# ran, "forward", or None for a node it cannot replay; the Function class, the input arrays,
-# the keyword arguments, the output array)
-_tape: list | None = None
+# the ops of the steps being captured (ember.nn.graph), by thread: apply appends (the Kernel
+# that ran, "forward", or None for a node it cannot replay; the Function class, the input
+# arrays, the keyword arguments, the output array) to the calling thread's tape
+_tapes: dict[int, list] = {}
 
 
 def capture_ops(tape: list | None) -> list | None:
-    """From now on record every op run without a graph into ``tape`` (None: stop recording);
+    """From now on record every op this thread runs into ``tape`` (None: stop recording);
     returns the tape that was active (ember.nn.graph restores it)."""
-    global _tape
-    prev, _tape = _tape, tape
+    tid = threading.get_ident()
+    prev = _tapes.pop(tid, None)
+    if tape is not None:
+        _tapes[tid] = tape
     return prev
 
 
@@ -164,8 +167,8 @@ class Function:
                     out = kernel.fn(*arrays, **kwargs)
                 except ValueError as e:
                     _shape_error(cls, e, inputs)
-                if _tape is not None:
-                    _tape.append((kernel, cls, arrays, kwargs, out))
+                if _tapes:
+                    _record(kernel, cls, arrays, kwargs, out)
                 return Tensor._wrap(out, dev)
             op = None  # no kernel applies: forward below, without asking again
         ctx = cls()
@@ -188,8 +191,8 @@ class Function:
                     ctx.saved(*arrays, **kwargs)
         except ValueError as e:
             _shape_error(cls, e, inputs)
-        if _tape is not None:
-            _tape.append((None if record or dev is META else "forward", cls, arrays, kwargs, out))
+        if _tapes:
+            _record(None if record or dev is META else "forward", cls, arrays, kwargs, out)
         if record:
             ctx.parents = inputs
             # edges point at the parents' graph nodes as they are *now*, so a later
@@ -199,6 +202,12 @@ class Function:
             ctx.needs_input_grad = tuple(p.requires_grad for p in inputs)
             return Tensor._wrap(out, dev, ctx)
         return Tensor._wrap(out, dev)
+
+
+def _record(runner, cls, arrays, kwargs, out) -> None:
+    tape = _tapes.get(threading.get_ident())
+    if tape is not None:
+        tape.append((runner, cls, arrays, kwargs, out))
 
 
 def _shape_error(cls, e: ValueError, inputs) -> None:

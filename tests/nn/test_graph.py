@@ -136,3 +136,35 @@ def test_step_graph_refuses_a_recorded_graph():
 
     with pytest.raises(UnsupportedError):
         StepGraph(fn)(ember.tensor(np.ones((1, 2), np.float32)))
+
+
+def test_a_capture_records_only_its_own_thread():
+    """Ops another thread runs while a step is being captured stay out of its tape."""
+    import threading
+
+    w = ember.tensor(np.ones((4, 4), np.float32))
+    started, release = threading.Event(), threading.Event()
+
+    def other():
+        started.set()
+        release.wait(10)
+        for _ in range(50):
+            (w @ w).relu()
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait(10)
+
+    def fn(x):
+        release.set()
+        y = x
+        for _ in range(20):
+            y = (y @ w) * 0.5
+        return y
+
+    g = StepGraph(fn)
+    x = ember.tensor(np.ones((2, 4), np.float32))
+    g(x)
+    t.join()
+    assert len(g._steps) == 40  # its 20 matmuls and 20 multiplies, nothing of the other thread
+    np.testing.assert_array_equal(g(x * 2.0).numpy(), fn(x * 2.0).numpy())
