@@ -29,7 +29,7 @@ def _dims(model):
     return model.spec.num_layers, model.num_kv_heads, model.spec.head_dim
 
 
-FAMILIES = ["llama", "llama:q8_0", "llama:q4_1", "gemma2", "phi3", "gpt2"]
+FAMILIES = ["llama", "llama:q8_0", "llama:q4_1", "llama:bf16", "gemma2", "phi3", "gpt2"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -27,6 +27,8 @@ def assign_weights(
 
     Float arrays are wrapped without copying when their dtype is the compute dtype (memory-mapped
     files stay mapped); other float dtypes are converted to ``dtype`` (float32 by default).
+    With ``dtype`` None, float16/bfloat16 linear and embedding weights stay 16-bit, as BF16/F16
+    QTensors (their products decode them on the fly; pass a dtype for trainable copies).
     strict: every parameter but those named in ``optional`` (a tied head) must be given; a
     missing one would stay on the meta device.
     """
@@ -39,6 +41,12 @@ def assign_weights(
     for name, value in weights.items():
         mod, leaf = _parent(model, name)
         seen.add(name)
+        if (
+            dtype is None
+            and leaf == "weight"
+            and isinstance(mod, (ember.nn.Linear, ember.nn.Embedding))
+        ):
+            value = _half_weight(value)
         if isinstance(value, QTensor):
             if isinstance(mod, ember.nn.Linear) and leaf == "weight":
                 _check_shape(name, expected.get(name), value.shape)
@@ -61,6 +69,20 @@ def assign_weights(
         missing = [n for n in expected if n not in seen and n not in optional]
         if missing:
             raise FormatError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def _half_weight(value):
+    """A 2-d float16/bfloat16 weight as a BF16/F16 QTensor over the same bytes (decoded by the
+    linear_q kernels, never copied to float32); anything else as it is."""
+    from ember.quant import QTensor
+
+    if isinstance(value, QTensor):
+        return value
+    arr = np.asarray(value)
+    kind = {np.dtype(np.float16): "F16", ember.bfloat16.np: "BF16"}.get(arr.dtype)
+    if kind is None or arr.ndim != 2 or arr.shape[1] % 32 or not arr.flags.c_contiguous:
+        return value
+    return QTensor(arr.reshape(-1).view(np.uint8), kind, arr.shape)
 
 
 def _check_shape(name: str, param, shape) -> None:

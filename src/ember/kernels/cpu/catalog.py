@@ -11,4 +11,13 @@ from ember.kernels.cpu import (  # noqa: F401
     rope,
     special,
 )
-from ember.kernels.cpu.quant import q4_0, q4_1, q4_k, q5_k, q6_k, q8_0, transposed  # noqa: F401
+from ember.kernels.cpu.quant import (  # noqa: F401
+    half,
+    q4_0,
+    q4_1,
+    q4_k,
+    q5_k,
+    q6_k,
+    q8_0,
+    transposed,
+)

@@ -391,9 +391,10 @@ def ctrl() -> np.ndarray:
 _own = threading.local()  # a thread's own job block, for when another thread holds the pool's
 
 
-def run_items(fn: int, desc: int, items: int, chunk: int = 1) -> None:
-    """``fn(desc, 0, 0, i0, i1, 0, ...)`` over items [0, items) in chunks of ``chunk``, on the
-    pool (from Python; the numba drivers of _idot do the same in machine code)."""
+def run_groups(common: tuple, groups: list, rows: int, chunk: int) -> None:
+    """A job from Python (the numba drivers of _idot do the same in machine code): for each
+    chunk of ``rows`` and each group ``(fn, x, y)``, ``fn(wi, rowb, nb, r0, r1, x, ldx, 0, 0,
+    nb, y, ldy)`` with ``common = (wi, rowb, nb, ldx, ldy)``."""
     st = _STATE if _STATE.get("ok") else state()
     c = ctrl()
     fns = st.get("c_fns")
@@ -405,13 +406,23 @@ def run_items(fn: int, desc: int, items: int, chunk: int = 1) -> None:
     run, acq, addr = fns
     shared = acq(addr)
     blk, baddr = c, addr
-    if not shared:
+    if not shared:  # another thread holds the pool's block: this job runs alone, on our own
         blk = getattr(_own, "blk", None)
         if blk is None:
             blk = _own.blk = np.zeros(CTRL_WORDS, np.int64)
         baddr = blk.ctypes.data
-    blk[CHUNK], blk[ROWS], blk[GROUPS], blk[WI], blk[GROUP0] = chunk, items, 1, desc, fn
-    run(baddr, -(-items // chunk), shared)
+    wi, rowb, nb, ldx, ldy = common
+    blk[CHUNK], blk[ROWS], blk[GROUPS], blk[WI], blk[ROWB] = chunk, rows, len(groups), wi, rowb
+    blk[NB], blk[LDX], blk[LDD], blk[LDY] = nb, ldx, nb, ldy
+    for j, (fn, x, y) in enumerate(groups):
+        o = GROUP0 + GROUP_WORDS * j
+        blk[o], blk[o + 1], blk[o + 2], blk[o + 3], blk[o + 4] = fn, x, 0, 0, y
+    run(baddr, -(-rows // chunk), shared)
+
+
+def run_items(fn: int, desc: int, items: int, chunk: int = 1) -> None:
+    """``fn(desc, 0, 0, i0, i1, ...)`` over items [0, items) in chunks of ``chunk``, on the pool."""
+    run_groups((desc, 0, 0, 0, 0), [(fn, 0, 0)], items, chunk)
 
 
 def reconfigure() -> None:
