@@ -297,7 +297,8 @@ def attend(q, kc, vc, rows, past, n_keys: int, window: int, scale: float) -> np.
 
 def bind(q, k, v, kc, vc, rows, past, window: int, scale: float, out):
     """A captured step's attention (ember.nn.graph): a no-argument function that stores k, v
-    at the positions ``past`` holds when it is called and attends into out, on these arrays."""
+    at the positions ``past`` holds when it is called and attends into out, on these arrays.
+    k, v None: nothing is stored (keys and values fixed, e.g. cross-attention)."""
     from ember.errors import ShapeError
     from ember.kernels.cpu import jit, pool
 
@@ -318,7 +319,8 @@ def bind(q, k, v, kc, vc, rows, past, window: int, scale: float, out):
             raise ShapeError(
                 f"KV cache overflow: {end} positions needed, the cache holds {max_len}"
             )
-        store(kc, vc, k, v, past, rows)
+        if k is not None:
+            store(kc, vc, k, v, past, rows)
         pool.run_items(fn, addr, items)
 
     run.keep = (scratch, desc)  # alive as long as the function
