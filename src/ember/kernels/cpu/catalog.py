@@ -7,6 +7,7 @@ from ember.kernels.cpu import (  # noqa: F401
     conv,  # noqa: F401
     gemm,  # noqa: F401
     glu,
+    matvec,  # noqa: F401
     norm,  # noqa: F401
     rope,
     special,
