@@ -15,6 +15,7 @@ import torch
 import ember
 from ember.kernels import registry
 from ember.kernels.cpu import attention as A
+from ember.kernels.cpu import decode_attention as DA
 from ember.nn import functional as F
 from tests.helpers import check_kernel
 
@@ -141,11 +142,13 @@ def _sdpa_cases():
 
 
 def test_sdpa_blocked_kernel():
-    check_kernel(_kernel("scaled_dot_product_attention"), cases=_sdpa_cases(), atol=2e-5)
+    check_kernel(
+        _kernel("scaled_dot_product_attention", "sdpa_blocked"), cases=_sdpa_cases(), atol=2e-5
+    )
 
 
 def test_sdpa_kernel_conditions_and_op():
-    k = _kernel("scaled_dot_product_attention")
+    k = _kernel("scaled_dot_product_attention", "sdpa_blocked")
     (q, kk, v), kw = _sdpa_cases()[0]
     assert k.applies([q, kk, v], kw)
     assert not k.applies([q, kk, v], {**kw, "causal": True})
@@ -404,7 +407,7 @@ def test_sdpa_one_query_conditions_and_bound_step():
     assert not kern.applies([q, k.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3), v], kw)
     assert not kern.applies([q, k, v], {**kw, "causal": True})
     out = kern.fn(q, k, v, **kw)
-    run = A._prepare_one_query(out, q, k, v, **kw)  # a captured step: new q, same buffers
+    run = DA._prepare_one_query(out, q, k, v, **kw)  # a captured step: new q, same buffers
     for seed in range(3):
         q[...] = np.random.default_rng(seed).standard_normal(q.shape)
         run()
