@@ -91,3 +91,31 @@ def test_the_op_takes_it_for_a_few_rows_only():
     with ember.no_grad():
         got = F.linear(x, ember.from_numpy(w), ember.from_numpy(b)).numpy()
     np.testing.assert_array_equal(got, matvec.linear_small(x.numpy(), w, b))
+
+
+def test_avx2_kernel_and_numpy_fallback_in_fresh_processes():
+    """8 float lanes (what an AVX2-only CPU runs), forced by EMBER_SGEMM_ISA; =none: no kernel."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    avx2 = (
+        "from tests.kernels import test_matvec as t\n"
+        "t.test_matches_the_reference()\n"
+        "t.test_the_bound_product_reads_x_when_it_runs()\n"
+    )
+    none = (
+        "import numpy as np, ember\n"
+        "from ember.kernels.cpu import matvec\n"
+        "from ember.kernels import registry\n"
+        "x, w = np.ones((2, 64), np.float32), np.ones((3, 64), np.float32)\n"
+        "assert not matvec._available() and registry.pick('linear', 'cpu', [x, w], {}) is None\n"
+        "with ember.no_grad():\n"
+        "    y = ember.nn.functional.linear(ember.from_numpy(x), ember.from_numpy(w)).numpy()\n"
+        "assert (y == 64).all()\n"
+    )
+    for isa, code in (("avx2", avx2), ("none", none)):
+        env = {**os.environ, "EMBER_SGEMM_ISA": isa}
+        subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
