@@ -15,13 +15,14 @@ import torch
 import ember
 from ember.kernels import registry
 from ember.kernels.cpu import attention as A
+from ember.kernels.cpu import decode_attention as DA
 from ember.nn import functional as F
 from tests.helpers import check_kernel
 
 
-def _kernel(op):
-    (k,) = registry.kernels(op)
-    return k
+def _kernel(op, name=None):
+    ks = registry.kernels(op)
+    return ks[0] if name is None else next(k for k in ks if k.name == name)
 
 
 def _varlen_cases(long: bool = False):
@@ -141,11 +142,13 @@ def _sdpa_cases():
 
 
 def test_sdpa_blocked_kernel():
-    check_kernel(_kernel("scaled_dot_product_attention"), cases=_sdpa_cases(), atol=2e-5)
+    check_kernel(
+        _kernel("scaled_dot_product_attention", "sdpa_blocked"), cases=_sdpa_cases(), atol=2e-5
+    )
 
 
 def test_sdpa_kernel_conditions_and_op():
-    k = _kernel("scaled_dot_product_attention")
+    k = _kernel("scaled_dot_product_attention", "sdpa_blocked")
     (q, kk, v), kw = _sdpa_cases()[0]
     assert k.applies([q, kk, v], kw)
     assert not k.applies([q, kk, v], {**kw, "causal": True})
@@ -356,3 +359,56 @@ def test_bad_shapes_and_dtypes_are_refused():
         A.attention(q, k, v, 2, key_mask=np.ones((2, 6), bool))
     with pytest.raises(DTypeError):
         A.attention(q.astype(np.float64), k, v, 2)
+
+
+# --- one query per head over fixed keys (a decoder's cross-attention step) -------------------
+
+
+def _one_query_cases():
+    rng = np.random.default_rng(3)
+    cases = []
+    for b, h, hk, s, d in ((1, 6, 6, 1500, 64), (2, 4, 2, 7, 32), (3, 2, 2, 1, 64),
+                           (1, 8, 1, 300, 128)):  # fmt: skip
+        q = rng.standard_normal((b, h, 1, d)).astype(np.float32)
+        k, v = (rng.standard_normal((b, hk, s, d)).astype(np.float32) for _ in range(2))
+        kw = {"scale": 0.3, "causal": False, "rep": h // hk, "dropout_p": 0.0}
+        cases.append(((q, k, v), kw))
+    return cases
+
+
+def test_sdpa_one_query_kernel_matches_reference_and_torch():
+    kern = _kernel("scaled_dot_product_attention", "sdpa_one_query")
+    for (q, k, v), kw in _one_query_cases():
+        if not kern.applies([q, k, v], kw):
+            pytest.skip("the decode-attention kernel does not run here")
+    check_kernel(kern, cases=_one_query_cases(), atol=2e-5)
+    for (q, k, v), kw in _one_query_cases():
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, scale=kw["scale"], enable_gqa=kw["rep"] > 1
+        ).numpy()
+        got = kern.fn(q, k, v, **kw)
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+        with ember.no_grad():  # the op picks it (no mask, one query, contiguous keys)
+            op = F.scaled_dot_product_attention(
+                *(ember.from_numpy(a) for a in (q, k, v)), scale=kw["scale"],
+                enable_gqa=kw["rep"] > 1,
+            )  # fmt: skip
+        np.testing.assert_array_equal(op.numpy(), got)
+
+
+def test_sdpa_one_query_conditions_and_bound_step():
+    kern = _kernel("scaled_dot_product_attention", "sdpa_one_query")
+    (q, k, v), kw = _one_query_cases()[0]
+    if not kern.applies([q, k, v], kw):
+        pytest.skip("the decode-attention kernel does not run here")
+    assert not kern.applies([np.concatenate([q, q], 2), k, v], kw)  # two queries per head
+    assert not kern.applies([q, k, v, np.ones((1, 1, 1, 1500), bool)], kw)  # a mask
+    assert not kern.applies([q, k.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3), v], kw)
+    assert not kern.applies([q, k, v], {**kw, "causal": True})
+    out = kern.fn(q, k, v, **kw)
+    run = DA._prepare_one_query(out, q, k, v, **kw)  # a captured step: new q, same buffers
+    for seed in range(3):
+        q[...] = np.random.default_rng(seed).standard_normal(q.shape)
+        run()
+        np.testing.assert_array_equal(out, kern.fn(q, k, v, **kw))

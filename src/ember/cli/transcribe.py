@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads", type=int_at_least(1), default=None, help="CPU threads (default: all cores)"
     )
+    p.add_argument(
+        "--quantize",
+        choices=("q8_0",),
+        default=None,
+        help="quantize the decoder's weights at load (int8 products; the encoder stays float32)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="timings on stderr")
     add_progress_flag(p)
 
@@ -122,7 +128,7 @@ def run(args) -> int:
     if args.threads:
         ember.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model, tok = load_whisper(args.model)
+    model, tok = load_whisper(args.model, quantize=args.quantize)
     t_load = time.perf_counter() - t0
     progress, handle = _window_progress(model, audio.size / 16000, args.progress)
     try:
@@ -154,7 +160,8 @@ def run(args) -> int:
         storage = getattr(model, "storage", None)
         if storage:
             kinds = ", ".join(f"{k} x{n} ({b / 1e6:.1f} MB)" for k, (n, b) in storage.items())
-            echo(f"{model.source}: stored as {kinds}; computing in float32", err=True)
+            how = f"decoder weights in {args.quantize.upper()}" if args.quantize else "float32"
+            echo(f"{model.source}: stored as {kinds}; computing in {how}", err=True)
         total = res.timings["total"]
         rtf = total / res.audio_seconds if res.audio_seconds else float("nan")
         echo(

@@ -5,8 +5,10 @@ from ember.kernels.cpu import (  # noqa: F401
     attention,  # noqa: F401
     cached_attention,
     conv,  # noqa: F401
+    decode_attention,  # noqa: F401  (scaled_dot_product_attention: one query per head)
     gemm,  # noqa: F401
     glu,
+    matvec,  # noqa: F401
     norm,  # noqa: F401
     rope,
     special,

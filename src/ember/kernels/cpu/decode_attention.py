@@ -13,6 +13,10 @@ model: 24 items): the caller never waits for a thread that is not there.
 Each item's float operations are the same whatever the batch, so a batched step's row is
 bitwise that row alone. The numba kernel of ``cached_attention`` stays the fallback (and the
 path for padding, soft-capping and other head shapes).
+
+The same kernel is ``scaled_dot_product_attention``'s for one query per head over fixed,
+contiguous keys and values (a decoder's cross-attention to the encoder's output), without a
+store: ``sdpa_one_query`` below.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+from ember.kernels.cpu import have_numba
+from ember.kernels.registry import register
 
 MAX_REP = 8  # query heads per key/value head held in registers
 SCRATCH_KEYS = 256  # the scores scratch grows by this many keys at a time
@@ -297,7 +304,8 @@ def attend(q, kc, vc, rows, past, n_keys: int, window: int, scale: float) -> np.
 
 def bind(q, k, v, kc, vc, rows, past, window: int, scale: float, out):
     """A captured step's attention (ember.nn.graph): a no-argument function that stores k, v
-    at the positions ``past`` holds when it is called and attends into out, on these arrays."""
+    at the positions ``past`` holds when it is called and attends into out, on these arrays.
+    k, v None: nothing is stored (keys and values fixed, e.g. cross-attention)."""
     from ember.errors import ShapeError
     from ember.kernels.cpu import jit, pool
 
@@ -318,7 +326,8 @@ def bind(q, k, v, kc, vc, rows, past, window: int, scale: float, out):
             raise ShapeError(
                 f"KV cache overflow: {end} positions needed, the cache holds {max_len}"
             )
-        store(kc, vc, k, v, past, rows)
+        if k is not None:
+            store(kc, vc, k, v, past, rows)
         pool.run_items(fn, addr, items)
 
     run.keep = (scratch, desc)  # alive as long as the function
@@ -335,3 +344,70 @@ def _store_py(kc, vc, k, v, past, rows):  # pragma: no cover - compiled
                 for e in range(d):
                     kc[c, h, p + t, e] = k[b, t, h, e]
                     vc[c, h, p + t, e] = v[b, t, h, e]
+
+
+# ------------------------------------------------------------------ scaled_dot_product_attention
+# One query per (batch row, head) over fixed keys: a decoder's cross-attention step. The kernel
+# computes it as the causal attention of a query at the last position of a "cache" holding
+# exactly these keys (so it sees them all); each item is one (batch row, key head) with its
+# query heads in registers. (More queries go to kernels.cpu.attention's blocked kernel.)
+
+
+def _sdpa_one_query(q, k, v, *m, scale, causal, rep, dropout_p) -> bool:
+    if m or causal or dropout_p or q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return False
+    b, h, lq, d = q.shape
+    if lq != 1 or k.shape[0] != b or k.shape[1] * rep != h or k.shape[3] != d:
+        return False
+    if v.shape != k.shape or k.shape[2] < 1 or not (k.flags.c_contiguous and v.flags.c_contiguous):
+        return False
+    return applies(q.transpose(0, 2, 1, 3), k, None, None)
+
+
+def _one_query_args(q, k, b: int):
+    """q as token-major (B, 1, H, D), each batch row's cache row, and its position."""
+    rows = np.arange(b, dtype=np.int64)
+    past = np.full(b, k.shape[2] - 1, np.int64)  # the last position: every key is seen
+    return q.transpose(0, 2, 1, 3), rows, past
+
+
+def sdpa_one_query_reference(q, k, v, *m, scale, causal, rep, dropout_p) -> np.ndarray:
+    """One query per head against all keys (B, H, 1, D), in numpy."""
+    b, h, lq, d = q.shape
+    qg = q.reshape(b, h // rep, rep, lq, d).astype(np.float64)
+    s = np.matmul(qg, k[:, :, None].swapaxes(-1, -2).astype(np.float64)) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.matmul(p, v[:, :, None].astype(np.float64)).reshape(b, h, lq, d).astype(np.float32)
+
+
+def _prepare_one_query(out, q, k, v, *m, scale, causal, rep, dropout_p):
+    """A captured step's cross-attention: ``decode_attention.bind`` on these arrays, writing
+    into out (B, H, 1, D), whose (B, 1, H, D) view must be C-contiguous."""
+    b, h, _, d = q.shape
+    ot = out.transpose(0, 2, 1, 3)
+    if out.dtype != np.float32 or not ot.flags.c_contiguous:
+        return None
+    qt, rows, past = _one_query_args(q, k, b)
+    run = bind(qt, None, None, k, v, rows, past, 0, float(scale), ot.reshape(b, 1, h * d))
+    keep = run.keep
+    run.keep = (*keep, rows, past)
+    return run
+
+
+@register(
+    "scaled_dot_product_attention",
+    reference=sdpa_one_query_reference,
+    name="sdpa_one_query",
+    dtypes=(np.float32,),
+    when=_sdpa_one_query,  # decode_attention.applies: compiled for this head size here
+    available=have_numba,
+    prepare=_prepare_one_query,
+)
+def sdpa_one_query(q, k, v, *m, scale, causal, rep, dropout_p) -> np.ndarray:
+    """(B, H, 1, D) attention of one query per head over every key (k, v C-contiguous (B, Hk,
+    S, D)), by the decode-attention kernel on the worker pool."""
+    b, h, _, d = q.shape
+    qt, rows, past = _one_query_args(q, k, b)
+    y = attend(qt, k, v, rows, past, k.shape[2], 0, float(scale))
+    return y.reshape(b, 1, h, d).transpose(0, 2, 1, 3)

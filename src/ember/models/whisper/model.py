@@ -67,13 +67,20 @@ class WhisperConfig:
 
 
 class WhisperAttention(nn.Module):
-    """Multi-head attention; k_proj has no bias, as in Whisper."""
+    """Multi-head attention; k_proj has no bias, as in Whisper.
 
-    def __init__(self, d_model: int, num_heads: int) -> None:
+    Three uses: the encoder's self-attention (every frame sees every frame), the decoder's
+    causal self-attention over a KV cache (``causal=True``: ``F.cached_attention`` stores the
+    new keys/values and attends over the cache in one op), and cross-attention to given keys
+    and values (``kv``).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, causal: bool = False) -> None:
         super().__init__()
         if d_model % num_heads:
             raise ShapeError(f"d_model {d_model} is not a multiple of {num_heads} heads")
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.causal = causal
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.q_proj = nn.Linear(d_model, d_model)
@@ -94,18 +101,18 @@ class WhisperAttention(nn.Module):
         kv: tuple[Tensor, Tensor] | None = None,
         cache: nn.KVCache | None = None,
         layer_idx: int = 0,
-        mask: Tensor | None = None,
+        mask: nn.CausalMask | None = None,
     ) -> Tensor:
-        """Self-attention over x, or attention to the given (keys, values) when kv is passed."""
+        """Self-attention over x (causal: also over the cache), or attention to kv (keys, values)."""
         b, t, d = x.shape
+        if self.causal and kv is None:
+            shape = (b, t, self.num_heads, self.head_dim)
+            q = self.q_proj(x).view(shape)
+            k, v = self.k_proj(x).view(shape), self.v_proj(x).view(shape)
+            return self.out_proj(F.cached_attention(q, k, v, mask, cache, layer_idx))
         q = self.heads(self.q_proj(x))
-        if kv is None:
-            k, v = self.project_kv(x)
-            if cache is not None:
-                k, v = cache.update(layer_idx, k, v)
-        else:
-            k, v = kv
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        k, v = self.project_kv(x) if kv is None else kv
+        out = F.scaled_dot_product_attention(q, k, v)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
@@ -133,7 +140,7 @@ class WhisperDecoderLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.layer_idx = layer_idx
-        self.self_attn = WhisperAttention(d, cfg.decoder_attention_heads)
+        self.self_attn = WhisperAttention(d, cfg.decoder_attention_heads, causal=True)
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.encoder_attn = WhisperAttention(d, cfg.decoder_attention_heads)
         self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
@@ -141,7 +148,13 @@ class WhisperDecoderLayer(nn.Module):
         self.fc2 = nn.Linear(cfg.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, cross: tuple[Tensor, Tensor], mask=None, cache=None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cross: tuple[Tensor, Tensor],
+        mask: nn.CausalMask | None = None,
+        cache: nn.KVCache | None = None,
+    ) -> Tensor:
         h = self.self_attn_layer_norm(x)
         x = x + self.self_attn(h, cache=cache, layer_idx=self.layer_idx, mask=mask)
         x = x + self.encoder_attn(self.encoder_attn_layer_norm(x), kv=cross)
@@ -196,23 +209,30 @@ class WhisperDecoder(nn.Module):
         )
         self.layer_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: Tensor, cross: list, cache: nn.KVCache | None = None) -> Tensor:
-        """(batch, t) ids -> (batch, t, d_model) hidden states; past positions come from cache."""
-        b, t = input_ids.shape
-        past = cache.pos if cache is not None else 0
+    def embed(self, input_ids: Tensor, past: int = 0) -> Tensor:
+        """Token plus position embeddings (b, t, d_model) of ids at positions past.."""
+        t = input_ids.shape[1]
         n_pos = self.embed_positions.weight.shape[0]
         if past + t > n_pos:
             raise ShapeError(f"WhisperDecoder: {past + t} positions, the model has {n_pos}")
-        x = self.embed_tokens(input_ids) + self.embed_positions.weight[past : past + t]
-        mask = None
-        if t > 1:
-            allowed = np.arange(past + t)[None, :] <= np.arange(past, past + t)[:, None]
-            mask = ember.from_numpy(allowed)
+        return self.embed_tokens(input_ids) + self.embed_positions.weight[past : past + t]
+
+    def body(self, x: Tensor, cross: list, past=0, cache: nn.KVCache | None = None) -> Tensor:
+        """The blocks and the final norm on embeddings x at positions past.. (an int, or a (b,)
+        array the attention op reads when it runs: a step can be captured, see
+        ``ember.nn.graph``). The caller advances the cache."""
+        mask = nn.CausalMask(x.shape[1], past, device=x.device)
         for layer, kv in zip(self.layers, cross):
             x = layer(x, kv, mask, cache)
-        if cache is not None:
-            cache.advance(t)
         return self.layer_norm(x)
+
+    def forward(self, input_ids: Tensor, cross: list, cache: nn.KVCache | None = None) -> Tensor:
+        """(batch, t) ids -> (batch, t, d_model) hidden states; past positions come from cache."""
+        past = cache.pos if cache is not None else 0
+        x = self.body(self.embed(input_ids, past), cross, past, cache)
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
+        return x
 
 
 class WhisperModel(nn.Module):
@@ -249,12 +269,14 @@ class WhisperForConditionalGeneration(nn.Module):
             return self.model.encoder(x)
 
     def cross_kv(self, encoder_hidden_states: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Each decoder layer's cross-attention keys and values, projected once per window."""
+        """Each decoder layer's cross-attention keys and values (batch, heads, frames, head_dim),
+        projected once per window and laid out head by head (each head's keys contiguous)."""
         with ember.no_grad():
-            return [
-                layer.encoder_attn.project_kv(encoder_hidden_states)
-                for layer in self.model.decoder.layers
-            ]
+            out = []
+            for layer in self.model.decoder.layers:
+                k, v = layer.encoder_attn.project_kv(encoder_hidden_states)
+                out.append((k.contiguous(), v.contiguous()))
+            return out
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> nn.KVCache:
         """An empty self-attention cache for the decoder."""
@@ -265,11 +287,27 @@ class WhisperForConditionalGeneration(nn.Module):
 
     def decode(self, input_ids, cross: list, cache: nn.KVCache | None = None) -> Tensor:
         """Logits (batch, t, vocab) for new tokens, given the cross keys/values and the cache."""
-        ids = input_ids if isinstance(input_ids, Tensor) else ember.tensor(np.asarray(input_ids))
-        if ids.ndim == 1:
-            ids = ids.unsqueeze(0)
+        ids = self._ids(input_ids)
         with ember.no_grad():
             return self.proj_out(self.model.decoder(ids, cross, cache))
+
+    def decode_inputs(self, input_ids, past: int = 0) -> Tensor:
+        """The decoder's input embeddings (batch, t, d_model) of new tokens at positions past.."""
+        with ember.no_grad():
+            return self.model.decoder.embed(self._ids(input_ids), past)
+
+    def decode_body(self, x: Tensor, cross: list, past=0, cache: nn.KVCache | None = None):
+        """Logits (batch, t, vocab) of embeddings x (``decode_inputs``) at positions past.. (an
+        int, or a (batch,) int64 array read when the attention op runs). Everything a one-token
+        step changes comes in as x, past and the cache's buffers, so the step can be captured
+        and replayed (``ember.generation.whisper.DecoderSteps``). The caller advances the cache."""
+        with ember.no_grad():
+            return self.proj_out(self.model.decoder.body(x, cross, past, cache))
+
+    @staticmethod
+    def _ids(input_ids) -> Tensor:
+        ids = input_ids if isinstance(input_ids, Tensor) else ember.tensor(np.asarray(input_ids))
+        return ids.unsqueeze(0) if ids.ndim == 1 else ids
 
     def forward(self, input_features, decoder_input_ids) -> Tensor:
         """Logits (batch, t, vocab) of the decoder over the whole token prefix (no cache)."""

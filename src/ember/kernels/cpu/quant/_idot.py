@@ -68,7 +68,12 @@ PREFETCH = 6144
 SPECS = {"Q8_0": (0, 34, 2, "s8"), "Q4_0": (1, 18, 2, "s4"), "Q4_1": (2, 20, 4, "u4")}
 # Q8_0 weights times float32 x ("f8": no quantization of x), format id 3; see product
 FLOAT_SPEC = (3, 34, 2, "f8")
-KERNELS = (*SPECS, "Q8_0F")  # format-major, in format id order
+# float32 weights times float32 x ("f32"), format id 4: rows of K floats read as K / 32 blocks
+# of 128 bytes (a view of the weight, no copy); the products of kernels.cpu.matvec
+F32_SPEC = (4, 128, 0, "f32")
+KERNELS = (*SPECS, "Q8_0F", "F32")  # format-major, in format id order
+ALL_SPECS = {**SPECS, "Q8_0F": FLOAT_SPEC, "F32": F32_SPEC}
+FLOAT_X = (3, 4)  # format ids whose kernels read x as floats (no Q8 blocks of x)
 _STATE: dict = {}
 
 
@@ -82,9 +87,10 @@ def _rows_ir(
     ``n + nr <= %{t}end`` and leaves to ``nxt``. Each (weight row, x row) pair has its own
     accumulators and the same float operations whether its weight row is paired or not.
     """
-    _, bs, qoff, kind = SPECS.get(qtype, FLOAT_SPEC)
+    _, bs, qoff, kind = ALL_SPECS[qtype]
+    flt = kind in ("f8", "f32")  # float x: products in L lanes
     v8f, b32 = "<8 x float>", "<32 x i8>"
-    L = lanes if kind == "f8" else 8  # float lanes per accumulator
+    L = lanes if flt else 8  # float lanes per accumulator
     va = f"<{L} x float>"
     splat = lambda ty, n, v: "<" + ", ".join([f"{ty} {v}"] * n) + ">"  # noqa: E731
     pairs = [(i, r) for i in range(nr) for r in range(g)]
@@ -97,13 +103,22 @@ def _rows_ir(
         s += [f"  %{t}a{i}_{r} = phi {va} [zeroinitializer, %{t}row], [%{t}an{i}_{r}, %{t}blk]"]
         if kind == "u4":
             s += [f"  %{t}s{i}_{r} = phi float [0.0, %{t}row], [%{t}sn{i}_{r}, %{t}blk]"]
-    xshift = 7 if kind == "f8" else 5  # bytes of x per block: 32 floats or 32 int8
+    xshift = 7 if flt else 5  # bytes of x per block: 32 floats or 32 int8
     s += [f"  %{t}bo = mul i64 %{t}b, {bs}", f"  %{t}xo = shl i64 %{t}b, {xshift}"]
     for i in range(nr):  # decode weight block b of row i once, for all g rows of x
         u = f"{t}{i}"
         s += [f"  %wb{u} = getelementptr i8, ptr %{t}wr{i}, i64 %{t}bo"]
         s += [f"  %pf{u} = getelementptr i8, ptr %wb{u}, i64 {PREFETCH}"]
         s += [f"  call void @llvm.prefetch.p0(ptr %pf{u}, i32 0, i32 3, i32 1)"]
+        if kind == "f32":  # 32 floats, no scale
+            v32 = "<32 x float>"
+            s += [f"  %wf{u} = load {v32}, ptr %wb{u}, align 4"]
+            for c in range(32 // L):
+                ix = ", ".join(f"i32 {L * c + j}" for j in range(L))
+                s += [
+                    f"  %wc{u}_{c} = shufflevector {v32} %wf{u}, {v32} poison, <{L} x i32> <{ix}>"
+                ]
+            continue
         s += [
             f"  %dh{u} = load half, ptr %wb{u}, align 1",
             f"  %dw{u} = fpext half %dh{u} to float",
@@ -142,7 +157,7 @@ def _rows_ir(
             s += [f"  %ax{u} = call {b32} @llvm.abs.v32i8({b32} %q{u}, i1 false)"]
     for r in range(g):  # x row r's block b: int8 values, scale (and d * sum(q)), or floats
         s += [f"  %yp{t}{r} = getelementptr i8, ptr %xq{r}, i64 %{t}xo"]
-        if kind == "f8":
+        if flt:
             for c in range(32 // L):
                 s += [f"  %yc{t}{r}_{c} = getelementptr i8, ptr %yp{t}{r}, i64 {4 * L * c}"]
                 s += [f"  %yv{t}{r}_{c} = load {va}, ptr %yc{t}{r}_{c}, align 4"]
@@ -155,7 +170,7 @@ def _rows_ir(
             s += [f"  %sx{t}{r} = load float, ptr %sxp{t}{r}, align 4"]
     for i, r in pairs:
         u, x = f"{t}{i}_{r}", f"{t}{r}"
-        if kind == "f8":  # the block's products in L lanes (a fixed order), then one add:
+        if flt:  # the block's products in L lanes (a fixed order), then one add:
             # the accumulator's dependency chain is one add per block, not 32 / L FMAs
             s += [f"  %fa{u}_0 = fmul {va} %wc{t}{i}_0, %yv{x}_0"]
             for c in range(1, 32 // L):
@@ -433,7 +448,7 @@ def _kernel_ir(qtype: str, g: int, vnni: bool = False, lanes: int = 8, wide: boo
     512-bit registers (``_rows_ir_wide``).
     """
     rows = _rows_ir
-    if wide and SPECS.get(qtype, FLOAT_SPEC)[3] in ("u4", "s4"):
+    if wide and ALL_SPECS[qtype][3] in ("u4", "s4"):
         rows = lambda q, g, vnni, nr, t, start, nxt, lanes: _rows_ir_wide(q, g, nr, t, start, nxt)  # noqa: E731
     name = f"ember_qdot_{qtype.lower()}_{g}{'_vnni' if vnni else ''}"
     s = [
@@ -566,10 +581,11 @@ def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, own, fns):  # pragma: no cov
     """
     m, k = x.shape
     n, nb, bs = w.shape
-    xb = 4 * k if f == 3 else k  # bytes per row of what the kernels read: x, or its int8 blocks
-    if f != 3:
+    fx = f >= 3  # Q8_0F and F32 read x as floats
+    xb = 4 * k if fx else k  # bytes per row of what the kernels read: x, or its int8 blocks
+    if not fx:
         _quantize(x, xq, xd, xs)
-    qa = x.ctypes.data if f == 3 else xq.ctypes.data
+    qa = x.ctypes.data if fx else xq.ctypes.data
     da, sa, ya = xd.ctypes.data, xs.ctypes.data, y.ctypes.data
     shared = _acquire(ctrl.ctypes.data)
     if shared == 0:
@@ -657,7 +673,7 @@ def check(qtype: str, w3, x, y) -> None:
     """The kernels follow raw pointers: refuse operands that would take them out of bounds."""
     if qtype not in KERNELS:
         raise DTypeError(f"qdot: no integer kernel for {qtype}")
-    bs = SPECS.get(qtype, FLOAT_SPEC)[1]
+    bs = ALL_SPECS[qtype][1]
     if not (isinstance(w3, np.ndarray) and w3.dtype == np.uint8 and w3.flags.c_contiguous):
         raise DTypeError("qdot: the weight must be C-contiguous uint8 blocks")
     if w3.ndim != 3 or w3.shape[2] != bs or w3.shape[0] < 1 or w3.shape[1] < 1:
@@ -692,7 +708,8 @@ def bind(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray):
     if m > MAX_GROUPS_ROWS:
         raise ShapeError(f"qdot: {m} rows of x, at most {MAX_GROUPS_ROWS} per product")
     st = _STATE if _STATE.get("ok") else state()
-    mq, kq = (32, 32) if qtype == "Q8_0F" else (m, k)  # Q8_0F reads x itself: no scratch
+    f = ALL_SPECS[qtype][0]
+    mq, kq = (32, 32) if f in FLOAT_X else (m, k)  # float x is read as it is: no scratch
     xq = np.empty((mq, kq), np.int8)
     xd = np.empty((mq, kq // 32), np.float32)
     xs = np.empty((mq, kq // 32), np.float32)
@@ -700,7 +717,7 @@ def bind(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray):
     # about CHUNK_BYTES of weight rows per chunk, per group of G_MAX rows of x that reads them
     groups = -(-m // G_MAX)
     chunk = max(2, min(n, CHUNK_BYTES // (rowb * groups)) & ~1)
-    driver, f, fns, ctrl = st["driver"], SPECS.get(qtype, FLOAT_SPEC)[0], st["fns"], pool.ctrl
+    driver, fns, ctrl = st["driver"], st["fns"], pool.ctrl
     own = np.zeros(pool.CTRL_WORDS, np.int64)  # the job's block when another thread has the pool's
 
     def run() -> None:
