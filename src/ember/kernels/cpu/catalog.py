@@ -3,6 +3,7 @@
 from ember.kernels.cpu import (  # noqa: F401
     activation,  # noqa: F401
     attention,  # noqa: F401
+    blas,  # noqa: F401
     cached_attention,
     conv,  # noqa: F401
     gemm,  # noqa: F401
