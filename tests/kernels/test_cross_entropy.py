@@ -108,7 +108,13 @@ def test_the_loss_takes_the_kernels(monkeypatch):
     keeps the numpy path; the losses agree with torch either way."""
     names = []
     real = registry.pick
-    monkeypatch.setattr(registry, "pick", lambda op, *a: names.append(op) or real(op, *a))
+
+    def spy(op, *a):
+        kern = real(op, *a)
+        names.append(kern.name if kern is not None else None)
+        return kern
+
+    monkeypatch.setattr(registry, "pick", spy)
     z, tc = _z(9, 120), RNG.integers(0, 120, 9)
     for smoothing in (0.0, 0.1):
         names.clear()
@@ -123,3 +129,30 @@ def test_the_loss_takes_the_kernels(monkeypatch):
         want.backward()
         np.testing.assert_allclose(loss.item(), want.item(), rtol=1e-6)
         np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_every_kernel_module_is_in_the_catalog():
+    """A fresh process's registry (kernels.cpu.catalog) has loaded every module that registers
+    kernels (this one's were missing from it once: the loss ran numpy while its tests passed)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import ember.kernels.cpu
+
+    code = (
+        "import json, sys\n"
+        "from ember.kernels import registry\n"
+        "registry.table()\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('ember.kernels.cpu'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    root = Path(ember.kernels.cpu.__file__).parent
+    registering = {
+        "ember.kernels.cpu." + ".".join(p.relative_to(root).with_suffix("").parts)
+        for p in root.rglob("*.py")
+        if "register(" in p.read_text() and p.name != "__init__.py"
+    }
+    assert registering and registering <= loaded, registering - loaded

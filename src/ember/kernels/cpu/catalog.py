@@ -6,6 +6,7 @@ from ember.kernels.cpu import (  # noqa: F401
     blas,  # noqa: F401
     cached_attention,
     conv,  # noqa: F401
+    cross_entropy,  # noqa: F401
     gemm,  # noqa: F401
     glu,
     norm,  # noqa: F401
