@@ -5,7 +5,7 @@ import pytest
 
 import ember
 from ember.kernels import registry
-from ember.kernels.cpu.quant import transposed
+from ember.kernels.cpu.quant import packed, transposed
 from ember.models import AutoModelForCausalLM
 from ember.nn import functional as F
 from ember.peft import LoraConfig, get_peft_model
@@ -62,6 +62,7 @@ def test_tiles_bound_the_decoded_rows(monkeypatch, threads):
     q = _weight("Q8_0", 300, 64)
     monkeypatch.setattr(transposed, "TILE_ELEMENTS", 64 * 32)  # 32 rows a tile
     monkeypatch.setattr(transposed, "MIN_TASK_ROWS", 16)  # blocks of 16+ rows of g per task
+    monkeypatch.setattr(packed, "MIN_ROWS", 1 << 30)  # the BLAS tiles (test_packed: the GEMM's)
     seen = []
     fmt = transposed.FORMATS["Q8_0"]
     real = fmt._dq1

@@ -108,6 +108,9 @@ def test_matvec_kernel_matches_reference(qtype, n, schedule):
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("m", [2, 3, 7, 8, 9, 16, 17, 40])  # matvec per row, then tiles
 def test_matmul_t_kernel_matches_reference(qtype, m, schedule, monkeypatch):
+    from ember.kernels.cpu.quant import packed
+
+    monkeypatch.setattr(packed, "MIN_ROWS", 1 << 30)  # the BLAS tiles (test_packed: the GEMM's)
     qk = _kernels(qtype)
     monkeypatch.setattr(_common, "TILE_ELEMENTS", 3 * 512)  # prefill: a ragged last tile
     monkeypatch.setattr(_common, "THREAD_TILE_BYTES", 16 * 512 * 4)

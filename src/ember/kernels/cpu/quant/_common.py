@@ -377,9 +377,12 @@ class QuantKernels:
         """
         import os
 
+        from ember.kernels.cpu.quant import packed
         from ember.kernels.cpu.tiles import run_tiles, scratch
         from ember.threads import get_num_threads
 
+        if x.shape[0] >= packed.MIN_ROWS and packed.available():
+            return packed.matmul_t(self, w3, x)  # the packed GEMM's microkernels
         n, k = w3.shape[0], x.shape[1]
         out = np.empty((x.shape[0], n), F32)
         threads = min(get_num_threads(), os.cpu_count() or 1)

@@ -103,6 +103,10 @@ def matmul_qt_tiled(g: np.ndarray, *, qweight) -> np.ndarray:
     if not w3.flags.c_contiguous:
         w3 = np.ascontiguousarray(w3)
     g32 = np.ascontiguousarray(g, dtype=F32)
+    from ember.kernels.cpu.quant import packed
+
+    if m >= packed.MIN_ROWS and packed.available():
+        return packed.matmul_qt(fmt, w3, g32)  # the packed GEMM's microkernels
     threads = max(1, min(get_num_threads(), os.cpu_count() or 1))
     mrows, step = _plan(m, n, k, threads)
     dq, lut = fmt._dq1, f16_table()
