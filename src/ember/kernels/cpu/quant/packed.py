@@ -6,11 +6,13 @@ keeps no float32 panels (they would be a float32 copy of the model), so each pro
 a tile of at most TILE_WEIGHTS weights at a time (every projection of a small model in one),
 straight into the panel layout of the GEMM's microkernels, then multiplies:
 
-1. decode: tasks of PACK_ROWS rows of W; each decodes them (the format's one-thread row
-   kernel) into a buffer of its own and copies them into the shared panels: for ``x @ W.T``
-   the panels hold W's rows as columns (a transposing copy), for ``g @ W`` its rows as rows;
-2. multiply: tasks of about MB_ROWS rows of x (or g), each one call of the GEMM on the calling
-   thread, straight into its rows of the result (a tile of several is summed or copied there).
+1. decode: two tasks per thread, each a run of rows of W (a multiple of PACK_ROWS) that it
+   decodes (the format's one-thread row kernel) into a buffer of its own and copies into the
+   shared panels: for ``x @ W.T`` the panels hold W's rows as columns (a transposing copy),
+   for ``g @ W`` its rows as rows;
+2. multiply: TASKS_PER_THREAD tasks per thread of MB_ROWS or more rows of x (or g; a few rows
+   split the panels instead), each one call of the GEMM on the calling thread, straight into
+   its rows of the result (with several tiles, summed or copied there).
 
 Both are ``tiles.run_tiles`` tasks, handed out as threads free up, with no thread team that
 spins or waits on a preempted thread. The microkernels use the CPU's full vector width
@@ -27,7 +29,7 @@ import numpy as np
 
 _F32 = np.float32
 TILE_WEIGHTS = 1 << 20  # weights decoded into panels per tile (4 MiB float32)
-PACK_ROWS = 64  # rows of W per decode task (a multiple of every panel width: 16, 32)
+PACK_ROWS = 64  # decode tasks take a multiple of this many rows of W (of every panel width)
 MB_ROWS = 64  # rows of x (or g) per multiply task, at least
 TASKS_PER_THREAD = 4  # multiply tasks per thread, at least (panels split when rows are few)
 MIN_ROWS = 32  # fewer rows of x than this: decoding into panels costs more than it saves
@@ -99,14 +101,17 @@ def _decode(fmt, w3, r0: int, r1: int, pan: np.ndarray, transpose: bool, threads
     dq, lut = fmt._dq1, f16_table()
     pack = _kernels()["t" if transpose else "n"]
 
+    # two tasks per thread, of a multiple of PACK_ROWS rows (a task costs ~10 us of Python)
+    step = max(1, -(-(r1 - r0) // (2 * threads * PACK_ROWS))) * PACK_ROWS
+
     def task(i: int) -> None:
-        a = r0 + i * PACK_ROWS
-        b = min(r1, a + PACK_ROWS)
+        a = r0 + i * step
+        b = min(r1, a + step)
         t = scratch((b - a, k))
         dq(w3, lut, UNIT, a, b, t)
         pack(t, pan, a - r0)
 
-    run_tiles(task, -(-(r1 - r0) // PACK_ROWS), threads)
+    run_tiles(task, -(-(r1 - r0) // step), threads)
 
 
 def _split(m: int, panels: int, threads: int) -> tuple[int, int]:
@@ -130,13 +135,14 @@ def _multiply(a, lda: int, col0: int, kc: int, pan, m: int, o: int, out, add: bo
     nm, ng = -(-m // mb), -(-pan.shape[0] // pg)
     tap = np.zeros(1, np.int64)
     bias = np.zeros(pg * nr, _F32)
+    rowoff = np.arange(m, dtype=np.int64) * lda + col0
     direct = not add and ng == 1 and out.flags.c_contiguous
 
     def task(i: int) -> None:
         mi, gi = divmod(i, ng)
         m0, m1 = mi * mb, min(m, mi * mb + mb)
         c0, c1 = gi * pg * nr, min(o, (gi + 1) * pg * nr)
-        rows = np.arange(m0, m1, dtype=np.int64) * lda + col0
+        rows = rowoff[m0:m1]
         dst = out[m0:m1] if direct else scratch((m1 - m0, c1 - c0), 1)
         span = (m0 * lda + col0, (m1 - 1) * lda + col0)
         panels = pan[gi * pg : gi * pg + pg]
