@@ -52,7 +52,7 @@ def test_gemm_matches_numpy_and_torch(path):
 def test_linear_kernel_matches_reference_and_torch(path):
     k = _kernel("linear", "linear_blas")
     cases = []
-    for shape, o in (((40, 13), 9), ((2, 3, 40), 37), ((3, 25), 70), ((4, 0, 8), 5)):
+    for shape, o in (((40, 13), 9), ((2, 9, 40), 37), ((17, 25), 70), ((4, 0, 8), 5)):
         x, w, b = _f32(*shape), _f32(o, shape[-1]), _f32(o)
         cases += [(x, w, b), (x, w)]
         want = torch.nn.functional.linear(*(torch.from_numpy(a).double() for a in (x, w, b)))
@@ -83,9 +83,11 @@ def test_linear_trains_through_the_kernels(path, monkeypatch):
 
 
 def test_small_products_leave_the_kernels_out():
-    """Below SERIAL_WORK multiply-adds (OpenBLAS stays on one thread by itself) the op's own
-    forward runs; other dtypes never take these kernels."""
+    """Below SERIAL_WORK multiply-adds (OpenBLAS stays on one thread by itself) or MIN_ROWS rows
+    the op's own forward runs; other dtypes never take these kernels."""
     x, w = _f32(2, 8), _f32(4, 8)
+    assert registry.pick("linear", "cpu", [x, w], {}) is None
+    x, w = _f32(blas.MIN_ROWS - 1, 256), _f32(2048, 256)  # a few rows: numpy's BLAS as before
     assert registry.pick("linear", "cpu", [x, w], {}) is None
     big = _f32(64, 64)
     assert registry.pick("linear", "cpu", [big, big], {}).name == "linear_blas"

@@ -28,6 +28,7 @@ SERIAL_WORK = 1 << 18  # below this many multiply-adds OpenBLAS stays on the cal
 TILED_WORK = 1 << 23  # from this many on, blocks on ember's threads (about 0.1 ms on one core)
 BLOCK_WORK = 1 << 22  # multiply-adds per block, at most (and two blocks per thread at least)
 MIN_BLOCK = 16  # rows or columns per block, at least
+MIN_ROWS = 16  # the linear kernel takes products of this many rows of x or more
 
 
 def gemm_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -85,11 +86,13 @@ def linear_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) 
 
 
 def _linear_applies(x, w, b=None) -> bool:
-    # a packed weight runs its own GEMM (kernels.cpu.gemm, registered first) where it can
+    # a packed weight runs its own GEMM (kernels.cpu.gemm, registered first) where it can; a
+    # few rows (a decode step's matrix-vector products, bound by reading the weight) keep
+    # numpy's BLAS as it threads itself
     return (
         w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[1]
         and (b is None or b.shape == (w.shape[0],))
-        and x.size * w.shape[0] >= SERIAL_WORK
+        and x.size >= MIN_ROWS * w.shape[1] and x.size * w.shape[0] >= SERIAL_WORK
     )  # fmt: skip
 
 
