@@ -12,9 +12,12 @@ token batches:
 Each engine runs in a process of its own (their OpenMP/numba pools would fight), one warm-up
 step, then --steps timed steps; processes alternate engine by engine for --repeat rounds.
 Tokens/s = batch * seq / step time; the median and best are reported with the ratio, and the
-table goes to bench/RESULTS.md with the command and the load average.
+table goes to bench/RESULTS.md with the command and the load average. ``--busy N`` runs N
+processes spinning on a core (``while True: pass``) for the whole measurement: how each engine
+copes with a machine it shares.
 
     .venv/bin/python bench/finetune_speed.py [--seq 128] [--batch 4] [--steps 4] [--repeat 2]
+                                             [--busy 1]
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--busy", type=int, default=0, help="processes spinning on a core meanwhile")
     p.add_argument("--no-append", action="store_true")
     p.add_argument("--engine", choices=["ember", "torch"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -116,13 +120,20 @@ def main() -> None:
         return
     load0 = os.getloadavg()[0]
     times: dict[str, list[float]] = {"ember": [], "torch": []}
-    for _ in range(args.repeat):
-        for engine in times:
-            cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model]
-            cmd += [f"--{k}={getattr(args, k)}" for k in ("seq", "batch", "steps", "rank")]
-            cmd += [f"--threads={args.threads}"]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            times[engine] += json.loads(out.strip().splitlines()[-1])
+    spin = [sys.executable, "-c", "while True: pass"]
+    busy = [subprocess.Popen(spin) for _ in range(args.busy)]
+    try:
+        for _ in range(args.repeat):
+            for engine in times:
+                cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model]
+                cmd += [f"--{k}={getattr(args, k)}" for k in ("seq", "batch", "steps", "rank")]
+                cmd += [f"--threads={args.threads}"]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                times[engine] += json.loads(out.strip().splitlines()[-1])
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
     tok = args.batch * args.seq
     med = {k: tok / statistics.median(v) for k, v in times.items()}
     best = {k: tok / min(v) for k, v in times.items()}
@@ -143,7 +154,9 @@ def main() -> None:
         f"{', '.join(TARGETS)}, AdamW, batch {args.batch} x {args.seq} tokens, {args.threads} "
         f"threads, {args.steps} timed steps after a warm-up, {args.repeat} alternating rounds of "
         f"one process per engine. Load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} "
-        f"at the end. Each engine's default OpenMP settings. BLAS: {blas_info()}.",
+        f"at the end"
+        + (f", with {args.busy} process(es) spinning on a core throughout" if args.busy else "")
+        + f". Each engine's default OpenMP settings. BLAS: {blas_info()}.",
     ]
     table = "\n".join(lines)
     print(table)

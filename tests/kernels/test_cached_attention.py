@@ -103,9 +103,11 @@ def test_per_row_positions_equal_each_row_alone(path, monkeypatch):
             np.testing.assert_allclose(got[b], alone[0], rtol=1e-6, atol=1e-6)
 
 
-def test_per_row_positions_through_the_op_and_its_numpy_path():
+def test_per_row_positions_through_the_op_and_its_numpy_path(monkeypatch):
     """F.cached_attention over BatchKVCache rows: the kernel and the op's own numpy forward
-    (taken while a graph is recorded) agree; there is no gradient through such a step."""
+    (EMBER_KERNELS=reference, with a graph recorded) agree; there is no gradient through such a
+    step, whichever ran forward."""
+    from ember import config
     from ember.errors import UnsupportedError
     from ember.nn import BatchKVCache
 
@@ -117,7 +119,8 @@ def test_per_row_positions_through_the_op_and_its_numpy_path():
     q = _f32(rng, 3, 2, 4, 8)
     k, v = _f32(rng, 3, 2, 2, 8), _f32(rng, 3, 2, 2, 8)
     outs = []
-    for grad in (False, True):
+    for grad, kernels in ((False, "all"), (True, "reference"), (True, "all")):
+        monkeypatch.setattr(config, "KERNELS", kernels)
         c = BatchKVCache(1, 4, 2, 16, 8)
         c.lengths[:], c.k[0][...], c.v[0][...] = cache.lengths, cache.k[0], cache.v[0]
         rows = c.rows([2, 0, 3])
@@ -125,9 +128,11 @@ def test_per_row_positions_through_the_op_and_its_numpy_path():
         mask = CausalMask(2, rows.pos, None, None)
         out = F.cached_attention(qt, ember.from_numpy(k), ember.from_numpy(v), mask, rows, 0)
         outs.append(out.detach().numpy())
+        if grad:
+            with pytest.raises(UnsupportedError):
+                out.sum().backward()
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
-    with pytest.raises(UnsupportedError):
-        out.sum().backward()
+    np.testing.assert_array_equal(outs[0], outs[2])
 
 
 def test_kernel_hostile_operands():
@@ -167,9 +172,11 @@ def test_reference_matches_torch(setup):
 
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("softcap", [None, 1.5])
-def test_op_kernel_path_equals_autograd_path(padded, softcap):
+def test_op_kernel_path_equals_autograd_path(padded, softcap, monkeypatch):
     """Prefill then two decode steps over a KVCache, once through the kernel (no graph) and once
-    through the op's numpy forward (q requires grad)."""
+    through the op's numpy forward (q requires grad, EMBER_KERNELS=reference)."""
+    from ember import config
+
     rng = np.random.default_rng(6)
     b, hq, hk, d, window = 2, 4, 2, 8, 5
     steps = [7, 1, 1]
@@ -179,6 +186,7 @@ def test_op_kernel_path_equals_autograd_path(padded, softcap):
         q, k, v = (_f32(rng, b, t, h, d) for h in (hq, hk, hk))
         outs = []
         for cache, grad in zip(caches, (False, True)):
+            monkeypatch.setattr(config, "KERNELS", "reference" if grad else "all")
             p = None if pad is None else pad[:, : cache.pos + t]
             mask = CausalMask(t, cache.pos, p, window)
             with ember.set_grad_enabled(grad):
@@ -245,3 +253,81 @@ def test_run_tiles_covers_every_tile_once_and_reraises():
 
     with pytest.raises(ValueError, match="tile 5"):
         run_tiles(bad, 9, threads=2)
+
+
+# (t, past, window, padded, hq, hk, softcap): training steps, no cache (the keys are k and v)
+GRAD_SETUPS = [(1, 0, None, False, 2, 2, None), (7, 0, None, False, 6, 3, None),
+               (13, 0, 4, False, 6, 2, 0.7), (10, 3, None, True, 4, 2, None),
+               (9, 0, 3, True, 3, 1, 2.0), (11, 2, None, False, 5, 5, 50.0)]  # fmt: skip
+
+
+def _grad_case(setup, seed=0, d=8, b=2):
+    t, past, window, padded, hq, hk, softcap = setup
+    rng = np.random.default_rng(seed + 10 * t + past)
+    q = _f32(rng, b, t, hq + 1, d)[:, :, :hq]  # a strided view, as the projections give
+    k, v = _f32(rng, b, t, hk, d), _f32(rng, b, t, hk, d)
+    g = _f32(rng, b, t, hq * d)
+    pad = _pad(rng, b, t) if padded else None
+    kw = dict(kc=None, vc=None, n_keys=t, past=past, window=window, pad=pad, scale=0.3,
+              softcap=softcap)  # fmt: skip
+    return (g, q, k, v), kw
+
+
+def _torch_grads(args, kw):
+    """(dq, dk, dv) by torch's autograd in float64 through the same masked attention."""
+    g, q, k, v = (torch.from_numpy(np.ascontiguousarray(a, np.float64)) for a in args)
+    b, t, hq, d = q.shape
+    rep = hq // k.shape[2]
+    q, k, v = (a.requires_grad_() for a in (q, k, v))
+    ok = ca.allowed_keys(b, t, t, kw["past"], kw["window"] or 0, kw["pad"])
+    kr, vr = (a.transpose(1, 2).repeat_interleave(rep, 1) for a in (k, v))
+    s = q.transpose(1, 2) @ kr.transpose(-1, -2) * kw["scale"]
+    if kw["softcap"]:
+        s = kw["softcap"] * torch.tanh(s / kw["softcap"])
+    s = s.masked_fill(~torch.from_numpy(ok)[:, None], -torch.inf)
+    out = (s.softmax(-1) @ vr).transpose(1, 2).reshape(b, t, -1)
+    out.backward(g)
+    return tuple(a.grad.numpy() for a in (q, k, v))
+
+
+@pytest.mark.parametrize("setup", GRAD_SETUPS)
+def test_grad_reference_matches_torch(setup):
+    args, kw = _grad_case(setup)
+    want = _torch_grads(args, kw)
+    got = ca.cached_attention_grad_reference(*args, **kw)
+    for a, w in zip(got, want):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_rows", [4, 64])
+def test_grad_kernel(block_rows, monkeypatch):
+    """The gradient kernel (tasks per batch row and key head, blocks of query rows seeing only
+    their keys) against its numpy reference: GQA, windows, padding, soft-capping, ragged blocks."""
+    monkeypatch.setattr(ca, "BLOCK_ROWS", block_rows)
+    (k,) = registry.kernels("cached_attention_grad")
+    check_kernel(k, cases=[_grad_case(s) for s in GRAD_SETUPS], rtol=1e-5, atol=1e-5)
+
+
+def test_training_runs_the_kernels_both_ways(monkeypatch):
+    """A float32 training step takes the forward kernel and the gradient kernel (no probabilities
+    kept); its gradients are those of the op's numpy path in float64."""
+    (grad_kernel,) = registry.kernels("cached_attention_grad")
+    calls = []
+    real = grad_kernel.fn
+    monkeypatch.setattr(grad_kernel, "fn", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    rng = np.random.default_rng(8)
+    b, t, hq, hk, d = 2, 70, 6, 2, 8  # 70 query rows: two blocks
+    arrays = [_f32(rng, b, t, h, d) for h in (hq, hk, hk)]
+    go = _f32(rng, b, t, hq * d)
+    grads = []
+    for dt in (np.float32, np.float64):
+        ts = [ember.from_numpy(a.astype(dt)).requires_grad_() for a in arrays]
+        out = F.cached_attention(*ts, CausalMask(t, 0, None, 20), None, softcap=1.5)
+        assert not hasattr(out._ctx, "p") if dt == np.float32 else hasattr(out._ctx, "p")
+        out.backward(ember.from_numpy(go.astype(dt)))
+        grads.append([x.grad.numpy() for x in ts])
+    assert calls == [1]
+    for a, w in zip(*grads):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-5)

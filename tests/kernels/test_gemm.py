@@ -195,7 +195,7 @@ def test_linear_op_picks_the_packed_kernel_and_stays_exact():
     assert registry.pick("linear", "cpu", [tall, *arrays[1:]], {}).name == "linear_packed"
     with ember.no_grad():
         np.testing.assert_allclose(lin(x).numpy(), want, rtol=1e-5, atol=1e-5)
-    # a graph being recorded: the op's own forward runs (the kernel has no saved())
+    # a graph being recorded: the kernel runs too (Linear.saved keeps x and w for backward)
     y = lin.requires_grad_(True)(x)
     y.sum().backward()
     np.testing.assert_allclose(

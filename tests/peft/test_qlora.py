@@ -6,13 +6,28 @@ import pytest
 import ember
 from ember import config
 from ember.kernels import registry
-from ember.kernels.cpu.quant import transposed
+from ember.kernels.cpu.quant import packed, transposed
 from ember.models import AutoModelForCausalLM
 from ember.nn import functional as F
 from ember.peft import LoraConfig, get_peft_model
 from ember.quant import QTensor
 from ember.quant.nn import QLinear
 from tests.peft.test_files import tiny  # noqa: F401  (a fixture)
+
+
+class ember_threads:
+    """ember.set_num_threads(n) inside a block, the previous setting restored after."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        self.prev = ember.get_num_threads()
+        ember.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        ember.set_num_threads(self.prev)
+
 
 SHAPES = [(1, 5, 64), (3, 67, 96), (37, 130, 32), (4, 9, 256), (0, 4, 32)]
 
@@ -43,23 +58,32 @@ def test_transposed_product_matches_float64(qtype, m, n, k):
     )
 
 
-def test_tiles_bound_the_decoded_rows(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tiles_bound_the_decoded_rows(monkeypatch, threads):
     q = _weight("Q8_0", 300, 64)
     monkeypatch.setattr(transposed, "TILE_ELEMENTS", 64 * 32)  # 32 rows a tile
+    monkeypatch.setattr(transposed, "MIN_TASK_ROWS", 16)  # blocks of 16+ rows of g per task
+    monkeypatch.setattr(packed, "MIN_ROWS", 1 << 30)  # the BLAS tiles (test_packed: the GEMM's)
     seen = []
     fmt = transposed.FORMATS["Q8_0"]
-    real = fmt.dequantize_rows
+    real = fmt._dq1
 
-    def spy(w3, r0, r1, out=None):
+    def spy(w3, lut, unit, r0, r1, out):
         seen.append(r1 - r0)
-        return real(w3, r0, r1, out)
+        return real(w3, lut, unit, r0, r1, out)
 
-    monkeypatch.setattr(fmt, "dequantize_rows", spy)
-    g = np.random.default_rng(2).standard_normal((7, 300)).astype(np.float32)
-    np.testing.assert_allclose(
-        transposed.matmul_qt_tiled(g, qweight=q), g @ q.dequantize(), rtol=1e-4, atol=1e-4
-    )
-    assert max(seen) == 32 and sum(seen) == 300
+    monkeypatch.setattr(fmt, "_dq1", spy)
+    for m in (7, 97):
+        seen.clear()
+        g = np.random.default_rng(m).standard_normal((m, 300)).astype(np.float32)
+        want = g.astype(np.float64) @ q.dequantize().astype(np.float64)
+        with ember_threads(threads):
+            got = transposed.matmul_qt_tiled(g, qweight=q)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        # each task (a block of g's rows) runs down all of W, a tile of at most 32 rows at a time
+        tasks = sum(seen) // 300
+        assert max(seen) == 32 and sum(seen) == 300 * tasks and len(seen) == 10 * tasks
+        assert tasks == 1 if threads == 1 or m == 7 else tasks > 1
 
 
 def test_the_backward_of_a_quantized_linear_runs_the_registered_kernel(monkeypatch):

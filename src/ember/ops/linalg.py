@@ -228,10 +228,27 @@ def addbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) ->
 
 
 # ------------------------------------------------------------------ linear
-class Linear(Function):
-    """x @ w.T + b on the last dim of x, one BLAS call over all leading dims."""
+def _gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for 2-d arrays by the ``gemm`` kernel (kernels.cpu.blas: BLAS on threads ember
+    picks) where one applies, else by numpy."""
+    from ember.kernels import registry
 
-    kernel_op = "linear"  # kernels.cpu.gemm: the packed GEMM for a gemm.PackedWeight
+    kern = registry.pick("gemm", "cpu", (a, b), {}) if type(a) is np.ndarray else None
+    return kern.fn(a, b) if kern is not None else a @ b
+
+
+class Linear(Function):
+    """x @ w.T + b on the last dim of x, one BLAS call over all leading dims.
+
+    Kernels (``linear``): the packed GEMM for a gemm.PackedWeight (kernels.cpu.gemm), BLAS on
+    ember's threads for other float32 weights (kernels.cpu.blas); they run in training too
+    (``saved``), and the backward's products go through the ``gemm`` op.
+    """
+
+    kernel_op = "linear"
+
+    def saved(self, x, w, b=None):
+        self.x, self.w = x, w
 
     def forward(self, x, w, b=None):
         self.x, self.w = x, w
@@ -255,9 +272,9 @@ class Linear(Function):
         g2 = _up(g).reshape(-1, w.shape[0])
         gx = gw = gb = None
         if self.needs_input_grad[0]:
-            gx = (g2 @ w).reshape(x.shape)
+            gx = _gemm(g2, w).reshape(x.shape)
         if self.needs_input_grad[1]:
-            gw = g2.T @ x.reshape(-1, x.shape[-1])
+            gw = _gemm(g2.T, x.reshape(-1, x.shape[-1]))
         if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
             gb = g2.sum(0)
         return gx, gw, gb

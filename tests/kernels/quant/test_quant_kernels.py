@@ -68,7 +68,8 @@ def schedule(request, monkeypatch):
 
 def test_every_format_module_registers_one_linear_q_kernel():
     names = [k.name for k in registry.kernels("linear_q")]
-    assert sorted(names) == sorted(f"linear_{q.lower()}" for q in KERNEL_TYPES)
+    # (and kernels.cpu.quant.half one for BF16/F16 weights)
+    assert sorted(names) == sorted([f"linear_{q.lower()}" for q in KERNEL_TYPES] + ["linear_half"])
     for q in KERNEL_TYPES:
         assert _common.FORMATS[q] is _kernels(q) and _registered(q).fn == _kernels(q).linear
 
@@ -108,6 +109,9 @@ def test_matvec_kernel_matches_reference(qtype, n, schedule):
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("m", [2, 3, 7, 8, 9, 16, 17, 40])  # matvec per row, then tiles
 def test_matmul_t_kernel_matches_reference(qtype, m, schedule, monkeypatch):
+    from ember.kernels.cpu.quant import packed
+
+    monkeypatch.setattr(packed, "MIN_ROWS", 1 << 30)  # the BLAS tiles (test_packed: the GEMM's)
     qk = _kernels(qtype)
     monkeypatch.setattr(_common, "TILE_ELEMENTS", 3 * 512)  # prefill: a ragged last tile
     monkeypatch.setattr(_common, "THREAD_TILE_BYTES", 16 * 512 * 4)

@@ -308,3 +308,128 @@ def cached_attention(
     pad_arr = np.ascontiguousarray(pad, np.bool_) if has_pad else _NO_PAD
     _kernel(parallel)(q, kb, vb, ra, n_keys, pa, w, pad_arr, has_pad, _F32(scale), _F32(cap), out)
     return out
+
+
+# --- the gradient (op ``cached_attention_grad``: the op's backward when the kernel ran forward) --
+
+
+def _softmax_rows(s: np.ndarray, ok: np.ndarray, scale: float, cap: float):
+    """Scores -> probabilities in place (scaled, soft-capped, masked); returns tanh of the capped
+    scores (None without a cap), which the gradient needs."""
+    s *= _F32(scale)
+    th = None
+    if cap > 0:
+        s /= _F32(cap)
+        th = np.tanh(s)
+        np.multiply(th, _F32(cap), out=s)
+    s += np.where(ok, _F32(0.0), _F32(-np.inf))
+    s -= s.max(-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(-1, keepdims=True)
+    return th
+
+
+def cached_attention_grad_reference(
+    g, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) of ``cached_attention`` for the output gradient g (B, T, Hq * Dv), float32.
+
+    The probabilities are recomputed from q and the keys; dk and dv are those of the new keys
+    (the last T of the n_keys), the cached past being a constant. One position per batch row
+    (``past`` an array) has no gradient: ValueError.
+    """
+    if np.ndim(past):
+        raise ValueError("cached_attention: no gradient through a step with one position per row")
+    nb, nt, hq, d = q.shape
+    kb, vb = _buffers(k, v, kc, vc)
+    if rows is not None:
+        kb, vb = kb[rows], vb[rows]
+    hk = kb.shape[1]
+    rep = hq // hk
+    kh = kb[:, :, :n_keys].astype(_F32)  # (B, Hk, S, D)
+    vh = vb[:, :, :n_keys].astype(_F32)
+    dv = vh.shape[-1]
+    qg = q.astype(_F32).transpose(0, 2, 1, 3).reshape(nb, hk, rep, nt, d)
+    s = np.matmul(qg, kh[:, :, None].swapaxes(-1, -2))  # (B, Hk, rep, T, S)
+    ok = allowed_keys(nb, nt, n_keys, int(past), int(window or 0), pad)[:, None, None]
+    th = _softmax_rows(s, ok, scale, float(softcap or 0.0))
+    p = s
+    go = g.astype(_F32).reshape(nb, nt, hk, rep, dv).transpose(0, 2, 3, 1, 4)  # (B,Hk,rep,T,Dv)
+    gv = np.matmul(p.swapaxes(-1, -2), go).sum(2)[:, :, n_keys - nt :]
+    dp = np.matmul(go, vh[:, :, None].swapaxes(-1, -2))
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    if th is not None:
+        ds *= 1 - th * th
+    ds *= _F32(scale)
+    gq = np.matmul(ds, kh[:, :, None]).reshape(nb, hq, nt, d).transpose(0, 2, 1, 3)
+    gk = np.matmul(ds.swapaxes(-1, -2), qg).sum(2)[:, :, n_keys - nt :]
+    return (
+        np.ascontiguousarray(gq, _F32),
+        np.ascontiguousarray(gk.transpose(0, 2, 1, 3), _F32),
+        np.ascontiguousarray(gv.transpose(0, 2, 1, 3), _F32),
+    )
+
+
+def _grad_when(g, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None):
+    return (
+        kc is None and np.ndim(past) == 0 and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
+        and q.shape[2] % k.shape[2] == 0 and g.shape == q.shape[:2] + (q.shape[2] * v.shape[3],)
+    )  # fmt: skip
+
+
+@register(
+    "cached_attention_grad",
+    reference=cached_attention_grad_reference,
+    when=_grad_when,
+    available=have_numba,
+)
+def cached_attention_grad(
+    g, q, k, v, *, kc, vc, n_keys, past, window, pad, scale, softcap, rows=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference's gradient as tasks of ``tiles.run_tiles``, one per (batch row, key/value
+    head): each recomputes its probabilities a block of BLOCK_ROWS query rows at a time (only
+    the keys the block may see) and sums its keys' gradients itself, with BLAS on one thread.
+    Training without a cache (kc None, the keys are k and v)."""
+    from ember.kernels.cpu.tiles import run_tiles
+
+    nb, nt, hq, d = q.shape
+    hk = k.shape[2]
+    rep, dv = hq // hk, v.shape[3]
+    past, w, cap = int(past), int(window or 0), float(softcap or 0.0)
+    gq = np.empty((nb, nt, hq, d), _F32)
+    gk = np.empty((nb, nt, hk, d), _F32)
+    gv = np.empty((nb, nt, hk, dv), _F32)
+    g4 = g.reshape(nb, nt, hq, dv)
+
+    def task(i: int) -> None:
+        b, h = divmod(i, hk)
+        heads = slice(h * rep, (h + 1) * rep)
+        kk, vv = k[b, :, h].astype(_F32, copy=False), v[b, :, h].astype(_F32, copy=False)
+        dk = np.zeros((n_keys, d), _F32)
+        dvv = np.zeros((n_keys, dv), _F32)
+        for r0 in range(0, nt, BLOCK_ROWS):
+            r1 = min(nt, r0 + BLOCK_ROWS)
+            k0, k1 = 0, n_keys
+            if pad is None:
+                k0 = max(0, past + r0 - w + 1) if w > 0 else 0
+                k1 = min(n_keys, past + r1)
+            pb = None if pad is None else pad[b : b + 1]
+            ok = allowed_keys(1, r1 - r0, n_keys, past + r0, w, pb)[0, :, k0:k1]
+            qb = np.ascontiguousarray(q[b, r0:r1, heads], _F32).reshape(-1, d)  # rows (t, rep)
+            gob = np.ascontiguousarray(g4[b, r0:r1, heads], _F32).reshape(-1, dv)
+            p = np.matmul(qb, kk[k0:k1].T)
+            th = _softmax_rows(p.reshape(r1 - r0, rep, k1 - k0), ok[:, None], scale, cap)
+            dvv[k0:k1] += np.matmul(p.T, gob)
+            ds = np.matmul(gob, vv[k0:k1].T)  # dp
+            ds -= (ds * p).sum(-1, keepdims=True)
+            ds *= p
+            if th is not None:
+                ds *= (1 - th * th).reshape(ds.shape)
+            ds *= _F32(scale)
+            gq[b, r0:r1, heads] = np.matmul(ds, kk[k0:k1]).reshape(r1 - r0, rep, d)
+            dk[k0:k1] += np.matmul(ds.T, qb)
+        gk[b, :, h] = dk[n_keys - nt :]
+        gv[b, :, h] = dvv[n_keys - nt :]
+
+    run_tiles(task, nb * hk)
+    return gq, gk, gv

@@ -3,8 +3,10 @@
 from ember.kernels.cpu import (  # noqa: F401
     activation,  # noqa: F401
     attention,  # noqa: F401
+    blas,  # noqa: F401
     cached_attention,
     conv,  # noqa: F401
+    cross_entropy,  # noqa: F401
     decode_attention,  # noqa: F401  (scaled_dot_product_attention: one query per head)
     gemm,  # noqa: F401
     glu,

@@ -46,7 +46,7 @@ import numpy as np
 
 from ember import config
 from ember.errors import DTypeError, ShapeError
-from ember.kernels.cpu import numba_or_none
+from ember.kernels.cpu import numba_or_none, renamed
 from ember.kernels.registry import register
 
 _STATE: dict = {}
@@ -391,7 +391,11 @@ def _build_driver(nb):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
     g["prange"] = nb.prange
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
-    return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py)
+    parallel = nb.njit(nogil=True, cache=True, parallel=True)(_driver_py)
+    # the same loops on the calling thread (prange is range): for callers that run their own
+    # tasks (tiles.run_tiles) and must not start numba's team from each of them
+    serial = nb.njit(nogil=True, cache=True)(renamed(_driver_py, "serial"))
+    return parallel, serial
 
 
 def _state():
@@ -407,7 +411,7 @@ def _state():
             w, nv, mr = ISAS[isa]
             names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]
             _STATE.update(engine=jit_ir(_microkernels_ir(w, nv), names), nr=nv * w, mr=mr)
-            _STATE["driver"] = _build_driver(nb)
+            _STATE["driver"], _STATE["driver1"] = _build_driver(nb)
     return _STATE
 
 
@@ -461,20 +465,31 @@ CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays 
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
 
-def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None) -> np.ndarray:
+def gemm(
+    a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None, threads: int | None = None
+) -> np.ndarray:
     """out (M, O) = act(sum_t A_t @ W_t + bias [+ res]) on the packed weight (see module doc).
 
     a: 1-D float32 (the padded NHWC input, or rows of features); rowoff (M,) and tapoff (T,)
-    int64 element offsets; packed from ``pack_weight``; res (M, O) or None; act 0/1/2. span:
-    the (lowest, highest) row + tap offset when the caller knows it (else computed here).
+    int64 element offsets; packed from ``pack_weight``; res (M, O) or None (not ``out``
+    itself: a K longer than K_BLOCK sums into out block by block); act 0/1/2. span: the
+    (lowest, highest) row + tap offset when the caller knows it (else computed here). threads:
+    numba's threads (default ember's setting); 1 runs on the calling thread without starting
+    numba's team.
     """
     from ember.threads import get_num_threads
 
     st = _state()
     m, o = out.shape
-    threads = max(1, get_num_threads())
+    threads = max(1, get_num_threads() if threads is None else threads)
     _check(a, rowoff, tapoff, kc, packed, bias, res, out, st["nr"], span)
     if m == 0:
+        return out
+    if threads == 1:
+        st["driver1"](
+            a, rowoff, tapoff, kc, packed, bias, out if res is None else res,
+            int(res is not None), act, out, st["mr"], 1, 1, CHUNK_PIXELS, K_BLOCK,
+        )  # fmt: skip
         return out
     panels, mr = packed.shape[0], st["mr"]
     # one task per thread, the same split every call: the rows a thread writes in one layer are

@@ -21,14 +21,21 @@ _pool = None
 _local = threading.local()
 
 
-def scratch(shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 work buffer of this shape, private to the calling thread and reused by it."""
+def scratch(shape: tuple[int, ...], slot: int = 0) -> np.ndarray:
+    """A float32 work buffer of this shape, private to the calling thread and reused by it.
+
+    ``slot`` tells apart buffers a tile uses at the same time (slot 0: the decoded weights,
+    slot 1: a product to add up, ...).
+    """
     n = 1
     for s in shape:
         n *= s
-    buf = getattr(_local, "buf", None)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(slot)
     if buf is None or buf.size < n:
-        buf = _local.buf = np.empty(max(n, 1), np.float32)
+        buf = bufs[slot] = np.empty(max(n, 1), np.float32)
     return buf[:n].reshape(shape)
 
 

@@ -384,6 +384,13 @@ class _CachedAttention(Function):
 
     kernel_op = "cached_attention"
 
+    def saved(self, q, k, v, **kw):
+        # the kernel ran forward while a graph is recorded: backward recomputes the probabilities
+        # from the inputs (op ``cached_attention_grad``) instead of keeping them
+        self.inputs, self.kw = (q, k, v), kw
+        self.dts = (q.dtype, k.dtype, v.dtype)
+        self.per_row = np.ndim(kw["past"]) > 0
+
     def meta(self, q, k, v, **kw):
         b, t, hq, _ = q.shape
         return (b, t, hq * v.shape[-1]), q.dtype
@@ -431,6 +438,8 @@ class _CachedAttention(Function):
             raise UnsupportedError(
                 "cached_attention: no gradient through a batched step with one position per row"
             )
+        if not hasattr(self, "p"):
+            return self._backward_recomputed(g)
         qg, kh, vh, p = self.qg, self.kh, self.vh, self.p
         b, hk, rep, t, d = qg.shape
         dv = vh.shape[-1]
@@ -454,6 +463,19 @@ class _CachedAttention(Function):
                 gk = np.matmul(ds.swapaxes(-1, -2), qg).sum(2)[:, :, -t:]
                 dk = gk.transpose(0, 2, 1, 3).astype(self.dts[1], copy=False)
         return dq, dk, dvv
+
+    def _backward_recomputed(self, g):
+        from ember.kernels import registry
+        from ember.kernels.cpu.cached_attention import cached_attention_grad_reference
+
+        arrays = (g, *self.inputs)
+        kern = registry.pick("cached_attention_grad", "cpu", arrays, self.kw)
+        fn = kern.fn if kern is not None else cached_attention_grad_reference
+        grads = fn(*arrays, **self.kw)
+        need = self.needs_input_grad
+        return tuple(
+            gr.astype(dt, copy=False) if n else None for gr, dt, n in zip(grads, self.dts, need)
+        )
 
 
 def cached_attention(

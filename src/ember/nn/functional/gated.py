@@ -48,6 +48,13 @@ class _GatedAct(Function):
         g, u, act = up(self.g), up(self.u), self.act
         gr = up(grad)
         need = self.needs_input_grad
+        if type(g) is np.ndarray:  # the one-pass kernel (kernels.cpu.glu) where it applies
+            from ember.kernels import registry
+
+            kern = registry.pick("gated_act_grad", "cpu", (gr, g, u), {"act": act})
+            if kern is not None:
+                dg, du = kern.fn(gr, g, u, act=act)
+                return (dg if need[0] else None), (du if need[1] else None)
         if act == "silu":
             sig = _sigmoid(g)
             y = g * sig

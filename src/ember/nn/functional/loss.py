@@ -87,9 +87,25 @@ class _CERows:
             return [(Ellipsis, Ellipsis)]
         return [(sl, slice(start + sl.start, start + sl.stop)) for sl in _row_chunks(z)]
 
+    def _kernel(self, op: str, z: np.ndarray, *arrays):
+        """The registered kernel of ``ce_lse`` / ``ce_grad`` for 2-d z without smoothing."""
+        if self.eps > 0 or z.ndim != 2 or type(z) is not np.ndarray:
+            return None
+        from ember.kernels import registry
+
+        return registry.pick(op, "cpu", (z, *arrays), {})
+
     def forward(self, z: np.ndarray, start: int = 0) -> np.ndarray:
         """Per-row losses of z's rows (kept for all rows in ``self.loss``)."""
         eps, C, w = self.eps, self.C, self.w
+        kern = self._kernel("ce_lse", z) if z.size else None
+        if kern is not None:  # each row's max and log-sum-exp in one pass (kernels.cpu)
+            rows = slice(start, start + z.shape[0])
+            m, logs = kern.fn(z)
+            self.m[rows, 0], self.logs[rows, 0] = m, logs
+            picked = (z[np.arange(z.shape[0]), self.tc[rows]] - m) - logs
+            self.loss[rows] = -self.wt[rows] * picked
+            return self.loss
         for local, rows in self._chunks(z, start):
             zc = up(z[local])
             m = zc.max(axis=-1, keepdims=True)
@@ -110,6 +126,15 @@ class _CERows:
     def grad(self, z: np.ndarray, gl: np.ndarray, out: np.ndarray, start: int = 0) -> None:
         """d(loss)/d(z) for z's rows into out; gl: the per-row output gradient (..., 1)."""
         eps, C, w = self.eps, self.C, self.w
+        if z.size and out.ndim == 2:
+            rows = slice(start, start + z.shape[0])
+            s = self.wt[rows].astype(np.float64)
+            args = (self.m[rows, 0], self.logs[rows, 0], s, s,
+                    np.broadcast_to(gl[rows, 0], s.shape), self.tc[rows], self.valid[rows])  # fmt: skip
+            kern = self._kernel("ce_grad", z, *args, out)
+            if kern is not None:  # softmax - onehot, scaled, in one pass (kernels.cpu)
+                kern.fn(z, *args, out)
+                return
         for local, rows in self._chunks(z, start):
             p = up(z[local]) - self.m[rows]
             p -= self.logs[rows]

@@ -54,6 +54,8 @@ SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per
 INT_ROWS = {"wide": 128, "int": 64, "Q8_0F": 32}
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
+PREFILL_TILES_PER_THREAD = 4  # ... and a weight makes at least this many tiles per thread
+MIN_TILE_ROWS = 32  # while its tiles keep this many rows (BLAS is as fast on them, 1-thread)
 # below this much work (weight bytes times rows of x) a product runs on one thread: a decode
 # row of a small weight costs less than waking a second thread, a batch of rows does not
 SERIAL_MAX_BYTES = 1 << 22
@@ -373,14 +375,21 @@ class QuantKernels:
         """
         import os
 
+        from ember.kernels.cpu.quant import packed
         from ember.kernels.cpu.tiles import run_tiles, scratch
         from ember.threads import get_num_threads
 
+        if x.shape[0] >= packed.MIN_ROWS and packed.available():
+            return packed.matmul_t(self, w3, x)  # the packed GEMM's microkernels
         n, k = w3.shape[0], x.shape[1]
         out = np.empty((x.shape[0], n), F32)
         threads = min(get_num_threads(), os.cpu_count() or 1)
         if threads > 1:
+            # tiles that stay in L2, and at least PREFILL_TILES_PER_THREAD of them per thread
+            # while they keep MIN_TILE_ROWS rows (a 576-row weight made 3 tiles, a 192-row one 1)
             rows = max(16, THREAD_TILE_BYTES // (4 * k) // 16 * 16)
+            few = -(-n // (PREFILL_TILES_PER_THREAD * threads))
+            rows = min(rows, max(MIN_TILE_ROWS, -(-few // 16) * 16))
         else:
             rows = max(1, TILE_ELEMENTS // k)
         dq, lut = self._dq1, f16_table()

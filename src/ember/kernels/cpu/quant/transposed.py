@@ -1,10 +1,10 @@
 """The transposed quantized product ``g @ W`` (the input gradient of ``x @ W.T``), op ``linear_q_t``.
 
 Training adapters on a quantized base (QLoRA) sends every backward pass through ``g @ W`` with
-W a QTensor of shape (N, K) and g the output gradient (M, N). W is never decoded whole: a tile of
-rows at a time is dequantized into one reused float32 buffer (the format's numba row kernel) and
-multiplied by BLAS, accumulating into the (M, K) result; the extra memory is one tile and one
-(M, K) partial product, whatever the size of W.
+W a QTensor of shape (N, K) and g the output gradient (M, N). W is never decoded whole unless it
+fits one tile: a tile of rows at a time is dequantized into a reused float32 buffer (the format's
+numba row kernel) and multiplied by BLAS, accumulating into the (M, K) result; the extra memory
+is one tile and one partial product per thread, whatever the size of W.
 
 :func:`matmul_qt_reference` is the numpy reference (gguf-compatible block decoding from
 ``ember.quant.formats``, same tiling); :func:`matmul_qt` picks the registered kernel as the
@@ -20,7 +20,11 @@ from ember.kernels import registry
 from ember.kernels.cpu.quant._common import FORMATS, have_numba
 
 F32 = np.float32
-TILE_ELEMENTS = 1 << 18  # weights decoded per tile: a 1 MiB float32 buffer
+# weights decoded per tile (a 4 MiB float32 buffer per thread): every projection of a small
+# model (SmolLM2-135M's largest is 1536 x 576) decodes in one tile, and its product needs no sum
+TILE_ELEMENTS = 1 << 20
+TASKS_PER_THREAD = 2  # blocks of g's rows per thread (tasks are handed out as threads free up)
+MIN_TASK_ROWS = 64  # ... of at least this many rows, so that each BLAS product stays efficient
 
 
 def _tile_rows(n: int, k: int) -> int:
@@ -62,27 +66,66 @@ def matmul_qt_reference(g: np.ndarray, *, qweight) -> np.ndarray:
     return out
 
 
+def _plan(m: int, n: int, k: int, threads: int) -> tuple[int, int]:
+    """(rows of g per task, rows of W per decoded tile) for g (m, n) @ W (n, k)."""
+    tile = max(1, min(n, TILE_ELEMENTS // max(k, 1)))
+    if threads == 1:
+        return m, tile
+    per = -(-m // (TASKS_PER_THREAD * threads))
+    return max(MIN_TASK_ROWS, -(-per // 16) * 16), tile
+
+
 def matmul_qt_tiled(g: np.ndarray, *, qweight) -> np.ndarray:
-    """``g @ W`` with the format's numba row dequantizer into one reused tile, BLAS products."""
+    """``g @ W`` on ember's threads: each task takes a block of g's rows and runs down W a tile of
+    rows at a time, decoding the tile (the format's one-thread numba kernel) into a buffer of its
+    own and adding its BLAS product (BLAS on one thread) into its block of the result.
+
+    The tasks are handed out one at a time (``tiles.run_tiles``): a thread that the OS preempts
+    holds back one task, and no thread spins waiting for it. Every task decodes all of W
+    (decoding runs at about 20 G weights/s, 2-3% of the products' time); a task's block of the
+    result is written by it alone, so nothing is summed across threads.
+    """
+    import os
+
+    from ember.kernels.cpu.quant._common import UNIT, f16_table
+    from ember.kernels.cpu.tiles import run_tiles, scratch
+    from ember.threads import get_num_threads
+
     g = _check(g, qweight, "matmul_qt")
     registry.kernels("linear_q")  # imports the format modules (they fill FORMATS)
     fmt = FORMATS[qweight.qtype]
     n, k = (int(s) for s in qweight.shape)
     m = g.shape[0]
-    out = np.zeros((m, k), F32)
-    if out.size == 0 or n == 0:
-        return out
+    if m == 0 or k == 0 or n == 0:
+        return np.zeros((m, k), F32)
+    out = np.empty((m, k), F32)
     w3 = qweight.blocks3d()
-    step = _tile_rows(n, k)
-    tile = np.empty((step, k), F32)
-    part = np.empty((m, k), F32)
+    if not w3.flags.c_contiguous:
+        w3 = np.ascontiguousarray(w3)
     g32 = np.ascontiguousarray(g, dtype=F32)
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        t = tile[: r1 - r0]
-        fmt.dequantize_rows(w3, r0, r1, t)
-        np.matmul(g32[:, r0:r1], t, out=part)
-        out += part
+    from ember.kernels.cpu.quant import packed
+
+    if m >= packed.MIN_ROWS and packed.available():
+        return packed.matmul_qt(fmt, w3, g32)  # the packed GEMM's microkernels
+    threads = max(1, min(get_num_threads(), os.cpu_count() or 1))
+    mrows, step = _plan(m, n, k, threads)
+    dq, lut = fmt._dq1, f16_table()
+
+    def task(i: int) -> None:
+        m0, m1 = i * mrows, min(m, i * mrows + mrows)
+        o = out[m0:m1]
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            t = scratch((r1 - r0, k))
+            dq(w3, lut, UNIT, r0, r1, t)
+            if r0 == 0:
+                np.matmul(g32[m0:m1, r0:r1], t, out=o)
+            else:
+                part = scratch((m1 - m0, k), 1)
+                np.matmul(g32[m0:m1, r0:r1], t, out=part)
+                o += part
+
+    run_tiles(task, -(-m // mrows), threads)
     return out
 
 
