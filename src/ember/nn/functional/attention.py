@@ -387,7 +387,9 @@ class _CachedAttention(Function):
     def saved(self, q, k, v, **kw):
         # the kernel ran forward while a graph is recorded: backward recomputes the probabilities
         # from the inputs (op ``cached_attention_grad``) instead of keeping them
-        self.inputs, self.kw = (q, k, v), kw
+        t = q.shape[1]  # the keys the kernel attended over (stored in the cache by then)
+        n_keys = t if kw["kc"] is None else int(np.max(kw["past"])) + t
+        self.inputs, self.kw = (q, k, v), {**kw, "n_keys": n_keys}
         self.dts = (q.dtype, k.dtype, v.dtype)
         self.per_row = np.ndim(kw["past"]) > 0
 
