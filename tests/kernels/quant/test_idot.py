@@ -16,7 +16,7 @@ import pytest
 from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels import registry
-from ember.kernels.cpu.quant import _common, _idot
+from ember.kernels.cpu.quant import _common, _idot, _q8x
 from ember.quant import QTensor, quantize_array
 from tests.helpers import _thread_counts, check_kernel, threads_set
 from tests.quant.conftest import random_blocks
@@ -141,11 +141,12 @@ def test_quantization_matches_numpy():
     x = _x(rng, 5, 96)
     x[2, 32:64] = 0  # a zero block: scale 0, values 0
     x[3, 5] = 127 / 2 * 1e-3  # exactly halfway cases round to even, as np.rint does
-    q, d, s = _idot.quantize_rows(x)
+    q, d, s, t = _q8x.quantize_rows(x)
     wq, wd, ws = _quantize_np(x)
     np.testing.assert_array_equal(q, wq)
     np.testing.assert_array_equal(d, wd)
     np.testing.assert_array_equal(s, ws)
+    np.testing.assert_array_equal(t, q.reshape(5, 3, 32).sum(axis=2, dtype=np.int32))
     assert np.abs(x - np.repeat(d, 32, axis=1) * q).max() <= d.max() / 2 * (1 + 1e-6)
 
 
