@@ -19,7 +19,7 @@ class QTensor:
     products.
     """
 
-    __slots__ = ("data", "qtype", "shape", "_fmt", "_w3")
+    __slots__ = ("data", "qtype", "shape", "_fmt", "_w3", "_packed")
 
     dtype = np.dtype(np.float32)
 
@@ -31,6 +31,9 @@ class QTensor:
         self.shape = shape
         self._fmt: BlockFormat = fmt
         self._w3: tuple | None = None  # (data, its 3-d view), see blocks3d
+        # (data, a copy in the layout a kernel reads): kept by the kernels that repack a weight
+        # once (ember.kernels.cpu.quant._panels), dropped when data is replaced
+        self._packed: tuple | None = None
 
     @classmethod
     def from_float(cls, array: np.ndarray, qtype: str) -> QTensor:

@@ -36,7 +36,7 @@ import numpy as np
 from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu import have_numba, jit, numba_or_none
-from ember.kernels.cpu.quant import _idot
+from ember.kernels.cpu.quant import _idot, _panels, _pdot
 from ember.quant.formats import block_format, dequantize
 
 F32 = np.float32
@@ -52,6 +52,7 @@ SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per
 # Q4_1, 32-48 for the Q8_0 head; its 17-token prompt took 134 ms through the tiles, 75 through
 # the kernels; the 256-bit loop led to about 64 rows, and was level at 128)
 INT_ROWS = {"wide": 128, "int": 64, "Q8_0F": 32}
+PANEL_ROWS = 1 << 62  # the panel kernels (_pdot) take every product: they are a GEMM too
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
 # below this much work (weight bytes times rows of x) a product runs on one thread: a decode
@@ -320,8 +321,15 @@ class QuantKernels:
         """Whether small products (``int_rows``) run the integer kernels here."""
         return self.qtype in INT_DOT_FORMATS and _idot.available()
 
+    def panel_dot(self) -> bool:
+        """Whether products of any size run the panel kernels (``_pdot``) on a copy of the
+        weight repacked once (``_panels``)."""
+        return self.qtype in INT_DOT_FORMATS and _pdot.available()
+
     def int_rows(self) -> int:
-        """Up to how many rows of x a product runs the ``_idot`` kernels (0: never)."""
+        """Up to how many rows of x a product runs the ``_idot`` / ``_pdot`` kernels (0: never)."""
+        if self.panel_dot():
+            return PANEL_ROWS
         kernel = self.small_kernel()
         if kernel is None:
             return 0
@@ -330,18 +338,23 @@ class QuantKernels:
         return INT_ROWS["wide" if _idot.state()["wide"] else "int"]
 
     def small_kernel(self) -> str | None:
-        """The ``_idot`` kernel for products of up to ``int_rows()`` rows here, if any: the
-        integer one, or Q8_0's float-x one ("Q8_0F")."""
+        """The ``_idot`` / ``_pdot`` kernel for products of up to ``int_rows()`` rows here, if
+        any: the integer one, or Q8_0's float-x one ("Q8_0F")."""
         if self.int_dot():
             return self.qtype
         if self.qtype == "Q8_0" and _idot.state() is not None:
             return "Q8_0F"
         return None
 
-    def _int_product(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """``x @ W.T`` by the ``_idot`` kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
+    def _int_product(self, w3: np.ndarray, x: np.ndarray, qweight=None) -> np.ndarray:
+        """``x @ W.T`` by the ``_pdot`` kernels on W's panels (kept on ``qweight``, or packed for
+        this call), else the ``_idot`` ones (x float32 (M, K), C-contiguous, 1 <= M)."""
         y = np.empty((x.shape[0], w3.shape[0]), F32)
-        _idot.product(self.small_kernel(), w3, x, y)
+        if self.panel_dot():
+            p = _panels.pack(w3, self.qtype) if qweight is None else _panels.panels_of(qweight)
+            _pdot.product(self.qtype, p, w3.shape[0], x, y)
+        else:
+            _idot.product(self.small_kernel(), w3, x, y)
         return y
 
     def run_matmul_t(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -402,11 +415,11 @@ class QuantKernels:
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
-        if x.size <= self.int_rows() * k:  # decode, small batches, short prompts
+        if x.size <= self.int_rows() * k:  # decode, small batches, short prompts (all: panels)
             x2 = x.reshape(-1, k)
             if x2.dtype != F32 or not x2.flags.c_contiguous:
                 x2 = np.ascontiguousarray(x2, dtype=F32)
-            out = self._int_product(w3, x2)
+            out = self._int_product(w3, x2, qweight)
         elif x.size == k:  # decode: one row, the matrix-vector kernel straight away
             xv = x.reshape(w3.shape[1], -1)
             if xv.dtype != F32 or not xv.flags.c_contiguous:
@@ -423,16 +436,19 @@ class QuantKernels:
         """``linear`` into out on these arrays, bound once (a captured step's product, see
         ember.nn.graph): one driver call, or None where it is not an ``_idot`` product."""
         n, k = qweight.shape
+        panels = self.panel_dot()
+        top = _pdot.max_rows() if panels else min(self.int_rows(), _idot.MAX_GROUPS_ROWS)
         ok = (
             x.dtype == F32 and x.flags.c_contiguous and out.dtype == F32 and out.flags.c_contiguous
-            and x.size <= min(self.int_rows(), _idot.MAX_GROUPS_ROWS) * k and x.ndim >= 1
-            and out.shape == x.shape[:-1] + (n,)
+            and x.size <= top * k and x.ndim >= 1 and out.shape == x.shape[:-1] + (n,)
         )  # fmt: skip
         if not ok:
             return None
-        run = _idot.bind(
-            self.small_kernel(), qweight.blocks3d(), x.reshape(-1, k), out.reshape(-1, n)
-        )
+        x2, y2 = x.reshape(-1, k), out.reshape(-1, n)
+        if panels:
+            run = _pdot.bind(self.qtype, _panels.panels_of(qweight), n, x2, y2)
+        else:
+            run = _idot.bind(self.small_kernel(), qweight.blocks3d(), x2, y2)
         if not b:
             return run
         bias = b[0]

@@ -1,0 +1,201 @@
+"""Q8_0 / Q4_0 / Q4_1 weights repacked in panels of 16 rows, for the integer products of ``_pdot``.
+
+In GGUF order a weight row's blocks follow each other, so an integer dot product (``_idot``)
+needs, for every block and every (weight row, x row) pair, its own fp16 scale conversion,
+int-to-float conversion, scale multiply and FMA, and a horizontal sum per row at the end. In
+a panel the 16 rows' blocks are interleaved so that one vector lane belongs to one weight row:
+
+* panel p holds rows ``16p .. 16p + 15`` (the last panel padded with zero rows), and within
+  it, for each block b in order, the block's quants as ``Q`` groups of 64 bytes (Q = 8 for
+  Q8_0, 4 for Q4_0 / Q4_1): group k holds bytes ``4k .. 4k + 3`` of each of the 16 rows'
+  blocks (row i at byte ``4i`` of the group), so a 32-bit lane i of a 512-bit load is row i;
+* after the quants of all the panel's blocks come their fp16 scales, 16 per block (row order),
+  and for Q4_1 then the fp16 mins, 16 per block; the panel is padded to a multiple of 64 bytes
+  (``panel_bytes``) so that every quant group is one aligned cache line;
+* Q8_0's bytes are stored plus 128 (``q ^ 0x80``: unsigned, what ``vpdpbusd`` multiplies; the
+  kernels subtract ``128 * sum(q_x)``); Q4 nibbles stay as they are (byte j: element j in the
+  low nibble, element j + 16 in the high one).
+
+A panel is about the weight's size (plus at most 15 zero rows and 63 bytes), made once per
+weight: :func:`panels_of` keeps it on the QTensor (``QTensor._packed``, keyed on its data, so a
+weight whose data is replaced is packed again). The GGUF bytes stay where they are (memory
+mapped files stay mapped) and serve everything else: dequantization, the transposed product,
+the float-x kernels, the references.
+
+:func:`pack` / :func:`unpack` are numba-compiled loops with numpy twins (``pack_reference``,
+``unpack_reference``) that the tests compare them with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.errors import DTypeError, ShapeError
+
+ROWS = 16  # weight rows per panel (one 32-bit lane each in a 512-bit vector)
+# qtype -> (bytes per block, offset of the quants in a GGUF block, quant groups of 4 bytes per
+# row and block, fp16 values per row and block: d, or d and m)
+SPECS = {"Q8_0": (34, 2, 8, 1), "Q4_0": (18, 2, 4, 1), "Q4_1": (20, 4, 4, 2)}
+_STATE: dict = {}
+
+
+def panel_bytes(qtype: str, nb: int) -> int:
+    """Bytes of one panel of nb blocks per row (a multiple of 64)."""
+    bs = SPECS[qtype][0]
+    return -(-(ROWS * bs * nb) // 64) * 64
+
+
+def _shape(qtype: str, n: int, nb: int) -> tuple[int, int]:
+    return -(-n // ROWS), panel_bytes(qtype, nb)
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A new uint8 array of nbytes starting on a 64-byte boundary."""
+    raw = np.empty(nbytes + 64, np.uint8)
+    off = -raw.ctypes.data % 64
+    return raw[off : off + nbytes]
+
+
+# ------------------------------------------------------------------ numpy reference
+def pack_reference(w3: np.ndarray, qtype: str) -> np.ndarray:
+    """(n, nb, bs) GGUF blocks -> (panels, panel_bytes) uint8, in numpy (see module doc)."""
+    bs, qoff, groups, halves = SPECS[qtype]
+    n, nb, _ = w3.shape
+    p, pb = _shape(qtype, n, nb)
+    w = np.zeros((p * ROWS, nb, bs), np.uint8)
+    w[:n] = w3
+    w = w.reshape(p, ROWS, nb, bs)
+    q = w[..., qoff:].reshape(p, ROWS, nb, groups, 4).transpose(0, 2, 3, 1, 4)
+    if qtype == "Q8_0":
+        q = q ^ np.uint8(0x80)
+    parts = [q.reshape(p, -1)]
+    for h in range(halves):  # d, then m: (p, nb, 16 rows, 2 bytes)
+        parts.append(w[..., 2 * h : 2 * h + 2].transpose(0, 2, 1, 3).reshape(p, -1))
+    out = np.zeros((p, pb), np.uint8)
+    body = np.concatenate(parts, axis=1)
+    out[:, : body.shape[1]] = body
+    return out
+
+
+def unpack_reference(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
+    """The GGUF blocks (n, nb, bs) back from panels, in numpy."""
+    bs, qoff, groups, halves = SPECS[qtype]
+    p = panels.shape[0]
+    qn = nb * groups * ROWS * 4
+    w = np.empty((p, ROWS, nb, bs), np.uint8)
+    q = panels[:, :qn].reshape(p, nb, groups, ROWS, 4)
+    if qtype == "Q8_0":
+        q = q ^ np.uint8(0x80)
+    w[..., qoff:] = q.transpose(0, 3, 1, 2, 4).reshape(p, ROWS, nb, groups * 4)
+    for h in range(halves):
+        o = qn + h * nb * ROWS * 2
+        w[..., 2 * h : 2 * h + 2] = (
+            panels[:, o : o + nb * ROWS * 2].reshape(p, nb, ROWS, 2).transpose(0, 2, 1, 3)
+        )
+    return w.reshape(p * ROWS, nb, bs)[:n]
+
+
+# ------------------------------------------------------------------ numba loops
+def _pack_py(w, out, qoff, groups, halves, flip):  # pragma: no cover - compiled
+    """pack_reference's loop: w (n, nb, bs) -> out (panels, panel bytes), padding zeroed."""
+    n, nb, bs = w.shape
+    p_count, pb = out.shape
+    qn = nb * groups * 64
+    for p in prange(p_count):
+        o = out[p]
+        o[qn + halves * nb * 32 :] = 0
+        for i in range(16):
+            r = 16 * p + i
+            for b in range(nb):
+                for k in range(groups):
+                    t = (b * groups + k) * 64 + 4 * i
+                    for j in range(4):
+                        o[t + j] = (w[r, b, qoff + 4 * k + j] if r < n else 0) ^ flip
+                for h in range(halves):
+                    t = qn + h * nb * 32 + b * 32 + 2 * i
+                    o[t] = w[r, b, 2 * h] if r < n else 0
+                    o[t + 1] = w[r, b, 2 * h + 1] if r < n else 0
+
+
+def _unpack_py(panels, w, qoff, groups, halves, flip):  # pragma: no cover - compiled
+    """unpack_reference's loop: panels -> w (n, nb, bs)."""
+    n, nb, bs = w.shape
+    qn = nb * groups * 64
+    for r in prange(n):
+        p, i = r // 16, r % 16
+        o = panels[p]
+        for b in range(nb):
+            for k in range(groups):
+                t = (b * groups + k) * 64 + 4 * i
+                for j in range(4):
+                    w[r, b, qoff + 4 * k + j] = o[t + j] ^ flip
+            for h in range(halves):
+                t = qn + h * nb * 32 + b * 32 + 2 * i
+                w[r, b, 2 * h] = o[t]
+                w[r, b, 2 * h + 1] = o[t + 1]
+
+
+prange = range  # numba's prange once compiled (see _compiled)
+
+
+def _compiled():
+    if "pack" not in _STATE:
+        from ember.kernels.cpu import numba_or_none
+
+        nb = numba_or_none()
+        if nb is None:
+            _STATE["pack"] = None
+        else:
+            globals()["prange"] = nb.prange
+            opts = dict(cache=True, nogil=True, parallel=True)
+            _STATE["pack"] = (nb.njit(**opts)(_pack_py), nb.njit(**opts)(_unpack_py))
+    return _STATE["pack"]
+
+
+def _check(w3: np.ndarray, qtype: str) -> None:
+    if qtype not in SPECS:
+        raise DTypeError(f"panels: no panel layout for {qtype}")
+    if not (isinstance(w3, np.ndarray) and w3.dtype == np.uint8 and w3.ndim == 3):
+        raise DTypeError("panels: the weight must be (rows, blocks, bytes) uint8 blocks")
+    if w3.shape[2] != SPECS[qtype][0] or w3.shape[1] < 1:
+        raise ShapeError(f"panels: {qtype} blocks are {SPECS[qtype][0]} bytes, got {w3.shape}")
+
+
+def pack(w3: np.ndarray, qtype: str) -> np.ndarray:
+    """(n, nb, bs) GGUF blocks -> (panels, panel_bytes) uint8, 64-byte aligned."""
+    _check(w3, qtype)
+    n, nb, _ = w3.shape
+    p, pb = _shape(qtype, n, nb)
+    fns = _compiled()
+    if fns is None:
+        out = _aligned(p * pb).reshape(p, pb)
+        out[...] = pack_reference(w3, qtype)
+        return out
+    _, qoff, groups, halves = SPECS[qtype]
+    out = _aligned(p * pb).reshape(p, pb)
+    fns[0](np.ascontiguousarray(w3), out, qoff, groups, halves, 0x80 if qtype == "Q8_0" else 0)
+    return out
+
+
+def unpack(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
+    """The (n, nb, bs) GGUF blocks of panels made by :func:`pack`."""
+    p, pb = _shape(qtype, n, nb)
+    if panels.shape != (p, pb) or panels.dtype != np.uint8:
+        raise ShapeError(f"panels: expected ({p}, {pb}) uint8 for {n} rows, got {panels.shape}")
+    fns = _compiled()
+    if fns is None:
+        return unpack_reference(panels, qtype, n, nb)
+    _, qoff, groups, halves = SPECS[qtype]
+    w = np.empty((n, nb, SPECS[qtype][0]), np.uint8)
+    fns[1](panels, w, qoff, groups, halves, 0x80 if qtype == "Q8_0" else 0)
+    return w
+
+
+def panels_of(qweight) -> np.ndarray:
+    """The panels of a 2-d QTensor of a ``SPECS`` format, packed on first use and kept on it."""
+    cached = qweight._packed
+    if cached is not None and cached[0] is qweight.data:
+        return cached[1]
+    panels = pack(qweight.blocks3d(), qweight.qtype)
+    qweight._packed = (qweight.data, panels)
+    return panels

@@ -1,0 +1,515 @@
+"""Integer products of Q8_0 / Q4_0 / Q4_1 weight panels (``_panels``) and int8-quantized x.
+
+x is quantized as in ``_idot`` (Q8 blocks of 32: int8 ``q``, scale ``d``, and per block
+``sum(q)`` as an integer and ``d * sum(q)`` as a float). For weight row n, x row r, block b the
+kernels form the block's exact integer dot product, then one float step:
+
+* Q8_0:  ``i = sum((q_w + 128) q_x) - 128 sum(q_x)``  (= ``sum(q_w q_x)``)
+* Q4_0:  ``i = sum(n_w q_x) - 8 sum(q_x)``            (= ``sum((n_w - 8) q_x)``)
+* Q4_1:  ``i = sum(n_w q_x)``, and the min term ``m_w * (d_x sum(q_x))`` in its own sum
+* ``acc[n, r] = fma(d_w * d_x, float(i), acc[n, r])`` block after block; y = acc (+ the min sum)
+
+One 32-bit lane is one weight row: a 512-bit ``vpdpbusd`` multiplies 4 bytes of each of a
+panel's 16 rows by the same 4 bytes of x (a broadcast), so a block's integer sums arrive
+already per row (no horizontal sums), and the scales of 16 rows are one conversion and one
+multiply. Per block and x row that is 8 ``vpdpbusd`` (16 rows x 32 values) and 4 float
+instructions, against ``_idot``'s per-row conversion, multiply and FMA for every block and row.
+The weight's bytes are decoded (Q4's nibbles split) once per block for the g rows of x that one
+call carries (``g <= G_MAX``): with g = 8 this is a GEMM microkernel for prefill as much as a
+decode loop.
+
+Paths, by host: AVX-512 VNNI + BW: 512-bit ``vpdpbusd`` (``"zmm"``); AVX-VNNI or AVX-512 VNNI
+with VL (or ``EMBER_QUANT_DOT=int8-256``): 256-bit ``vpdpbusd``, each panel as two halves of 8
+rows (``"ymm"``); AVX2: ``vpmaddubsw`` + ``vpmaddwd`` (Q8_0 through the sign trick, ``|q_w|``
+times ``sign(q_w) q_x``: no int16 saturation) (``"avx2"``). All three form the same integers
+and then the same float operations in the same order, so their results are bitwise equal.
+
+Batch invariance: every (weight row, x row) pair sees the same operations in the same order
+whatever the number of rows of x, the group it falls in, the thread or the chunk of rows: row i
+of an M-row product is bitwise the product of x[i] alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ember import config
+from ember.errors import DTypeError, ShapeError
+from ember.kernels.cpu.quant import _idot, _panels
+
+FORMATS = ("Q8_0", "Q4_0", "Q4_1")  # format id = index
+G_MAX = {"zmm": 8, "ymm": 4, "avx2": 4}  # x rows per kernel call, by path
+CHUNK_BYTES = 1 << 16  # weight bytes per chunk of pool work (for one group of x rows)
+# bytes ahead of the current block that each block step prefetches, every line of it: one
+# line per block (PREFETCH 1024) left Q4_0 at M = 4 reading 13 GB/s from DRAM on one thread;
+# every line at 4096-8192 bytes 21-25 GB/s (ad-hoc sweep, loaded machine)
+PREFETCH = 8192
+_STATE: dict = {}
+
+
+# ------------------------------------------------------------------ LLVM IR
+def _splat(ty: str, n: int, v) -> str:
+    return "<" + ", ".join([f"{ty} {v}"] * n) + ">"
+
+
+def kernel_ir(qtype: str, g: int, path: str) -> str:
+    """y[r, n] for the panels holding rows [r0, r1) and x rows r < g (see module doc).
+
+    Arguments as kernels.cpu.pool calls them: (w, panel bytes, blocks, r0, r1, xq, ldx, xd, xs,
+    ldd, y, ldy); xs holds sum(q) as int32 (Q8_0, Q4_0) or d * sum(q) as float32 (Q4_1).
+    """
+    _, _, groups, halves = _panels.SPECS[qtype]
+    W = 16 if path == "zmm" else 8  # lanes (rows) per vector
+    H = 16 // W  # vectors per panel row set
+    B = 4 * W  # bytes per vector
+    vb, vi, vf, vh = f"<{B} x i8>", f"<{W} x i32>", f"<{W} x float>", f"<{W} x half>"
+    q4 = qtype != "Q8_0"
+    minsum = qtype == "Q4_1"
+    offset = {"Q8_0": -128, "Q4_0": -8, "Q4_1": 0}[qtype]
+    qn = 64 * groups  # quant bytes per panel block
+    name = f"ember_pdot_{qtype.lower()}_{g}_{path}"
+    s = [
+        f"define void @{name}(i64 %wi, i64 %pbytes, i64 %nb, i64 %r0, i64 %r1, i64 %xqi,"
+        " i64 %ldx, i64 %xdi, i64 %xsi, i64 %ldd, i64 %yi, i64 %ldy) #0 {",
+        "entry:",
+        "  %w = inttoptr i64 %wi to ptr",
+        "  %xq = inttoptr i64 %xqi to ptr",
+        "  %xd = inttoptr i64 %xdi to ptr",
+        "  %xs = inttoptr i64 %xsi to ptr",
+        "  %y = inttoptr i64 %yi to ptr",
+        f"  %qall = mul i64 %nb, {qn}",
+        "  %dall = shl i64 %nb, 5",
+    ]
+    for r in range(g):
+        s += [
+            f"  %xqo{r} = mul i64 %ldx, {r}",
+            f"  %xq{r} = getelementptr i8, ptr %xq, i64 %xqo{r}",
+            f"  %xdo{r} = mul i64 %ldd, {r}",
+            f"  %xd{r} = getelementptr float, ptr %xd, i64 %xdo{r}",
+            f"  %xs{r} = getelementptr i32, ptr %xs, i64 %xdo{r}",
+            f"  %yo{r} = mul i64 %ldy, {r}",
+            f"  %y{r} = getelementptr float, ptr %y, i64 %yo{r}",
+        ]
+    s += [
+        "  %p0 = lshr i64 %r0, 4",
+        "  %r1e = add i64 %r1, 15",
+        "  %p1 = lshr i64 %r1e, 4",
+        "  %any = icmp ult i64 %p0, %p1",
+        "  br i1 %any, label %panel, label %done",
+        "panel:",
+        "  %p = phi i64 [%p0, %entry], [%pn, %stored]",
+        "  %po = mul i64 %p, %pbytes",
+        "  %pb = getelementptr i8, ptr %w, i64 %po",
+        "  %sb = getelementptr i8, ptr %pb, i64 %qall",
+        "  %mb = getelementptr i8, ptr %sb, i64 %dall",
+        "  br label %blk",
+        "blk:",
+        "  %b = phi i64 [0, %panel], [%b1, %blk]",
+    ]
+    accs = [(r, h) for r in range(g) for h in range(H)]
+    for r, h in accs:
+        s += [f"  %a{r}_{h} = phi {vf} [zeroinitializer, %panel], [%an{r}_{h}, %blk]"]
+        if minsum:
+            s += [f"  %m{r}_{h} = phi {vf} [zeroinitializer, %panel], [%mn{r}_{h}, %blk]"]
+    s += [
+        f"  %qo = mul i64 %b, {qn}",
+        "  %qa = getelementptr i8, ptr %pb, i64 %qo",
+        "  %so = shl i64 %b, 5",
+    ]
+    for k in range(groups):  # every cache line of the block's quants, PREFETCH bytes ahead
+        s += [
+            f"  %pf{k} = getelementptr i8, ptr %qa, i64 {PREFETCH + 64 * k}",
+            f"  call void @llvm.prefetch.p0(ptr %pf{k}, i32 0, i32 3, i32 1)",
+        ]
+    s += [  # and the scales' line (two blocks' scales; Q4_1's mins on the next line)
+        "  %pfs = getelementptr i8, ptr %sb, i64 %so",
+        f"  %pfs1 = getelementptr i8, ptr %pfs, i64 {PREFETCH // 8}",
+        "  call void @llvm.prefetch.p0(ptr %pfs1, i32 0, i32 3, i32 1)",
+    ]
+    # the weight's vectors: operand (k, h) is what multiplies x's 4-byte word k for half h
+    ops: dict = {}
+    for k in range(groups):
+        for h in range(H):
+            u = f"{k}_{h}"
+            s += [
+                f"  %va{u} = getelementptr i8, ptr %qa, i64 {64 * k + B * h}",
+                f"  %v{u} = load {vb}, ptr %va{u}, align 64",
+            ]
+            if q4:
+                s += [
+                    f"  %lo{u} = and {vb} %v{u}, {_splat('i8', B, 15)}",
+                    f"  %hi{u} = lshr {vb} %v{u}, {_splat('i8', B, 4)}",
+                ]
+                ops[(k, h)], ops[(4 + k, h)] = f"%lo{u}", f"%hi{u}"
+            elif path == "avx2":  # signed q_w back (xor 128), |q_w| for the sign trick
+                s += [
+                    f"  %sw{u} = xor {vb} %v{u}, {_splat('i8', B, -128)}",
+                    f"  %aw{u} = call {vb} @llvm.abs.v{B}i8({vb} %sw{u}, i1 false)",
+                ]
+                ops[(k, h)] = f"%aw{u}"
+            else:
+                ops[(k, h)] = f"%v{u}"
+    for h in range(H):  # the 16 rows' scales (and mins), as W floats per half
+        for nm, base in (("d", "%sb"), ("mw", "%mb")) if minsum else (("d", "%sb"),):
+            s += [
+                f"  %{nm}o{h} = add i64 %so, {2 * W * h}",
+                f"  %{nm}a{h} = getelementptr i8, ptr {base}, i64 %{nm}o{h}",
+                f"  %{nm}h{h} = load {vh}, ptr %{nm}a{h}, align 2",
+                f"  %{nm}w{h} = fpext {vh} %{nm}h{h} to {vf}",
+            ]
+    words = 8  # 4-byte words of x per block
+    for r in range(g):
+        s += [
+            f"  %xo{r} = shl i64 %b, 5",
+            f"  %xb{r} = getelementptr i8, ptr %xq{r}, i64 %xo{r}",
+            f"  %dxa{r} = getelementptr float, ptr %xd{r}, i64 %b",
+            f"  %dx{r} = load float, ptr %dxa{r}, align 4",
+            f"  %dxi{r} = insertelement {vf} poison, float %dx{r}, i32 0",
+            f"  %dxv{r} = shufflevector {vf} %dxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
+            f"  %xsa{r} = getelementptr i32, ptr %xs{r}, i64 %b",
+        ]
+        if minsum:
+            s += [
+                f"  %sx{r} = load float, ptr %xsa{r}, align 4",
+                f"  %sxi{r} = insertelement {vf} poison, float %sx{r}, i32 0",
+                f"  %sxv{r} = shufflevector {vf} %sxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
+            ]
+        elif path != "avx2" or q4:  # the offset's correction (AVX2's Q8_0 dots are signed)
+            s += [
+                f"  %xsum{r} = load i32, ptr %xsa{r}, align 4",
+                f"  %ofs{r} = mul i32 %xsum{r}, {offset}",
+                f"  %ofi{r} = insertelement {vi} poison, i32 %ofs{r}, i32 0",
+                f"  %ofv{r} = shufflevector {vi} %ofi{r}, {vi} poison, <{W} x i32> zeroinitializer",
+            ]
+        init = f"%ofv{r}" if (not minsum and (path != "avx2" or q4)) else "zeroinitializer"
+        for j in range(words):  # x's word j broadcast to every lane
+            s += [
+                f"  %ea{r}_{j} = getelementptr i8, ptr %xb{r}, i64 {4 * j}",
+                f"  %e{r}_{j} = load i32, ptr %ea{r}_{j}, align 4",
+                f"  %ei{r}_{j} = insertelement {vi} poison, i32 %e{r}_{j}, i32 0",
+                f"  %ev{r}_{j} = shufflevector {vi} %ei{r}_{j}, {vi} poison,"
+                f" <{W} x i32> zeroinitializer",
+            ]
+            if path == "avx2":
+                s += [f"  %eb{r}_{j} = bitcast {vi} %ev{r}_{j} to {vb}"]
+        for h in range(H):
+            u = f"{r}_{h}"
+            s += _dot_ir(path, u, [(ops[(j, h)], r, j) for j in range(words)], init, q4, g, W)
+            s += [
+                f"  %f{u} = sitofp {vi} %i{u} to {vf}",
+                f"  %sc{u} = fmul {vf} %dw{h}, %dxv{r}",
+                f"  %an{u} = call {vf} @llvm.fma.v{W}f32({vf} %sc{u}, {vf} %f{u}, {vf} %a{u})",
+            ]
+            if minsum:
+                s += [f"  %mn{u} = call {vf} @llvm.fma.v{W}f32({vf} %mww{h}, {vf} %sxv{r},"
+                      f" {vf} %m{u})"]  # fmt: skip
+    s += [
+        "  %b1 = add i64 %b, 1",
+        "  %more = icmp ult i64 %b1, %nb",
+        "  br i1 %more, label %blk, label %store",
+        "store:",
+        "  %n0 = shl i64 %p, 4",
+        "  %left = sub i64 %r1, %n0",
+        "  %full = icmp uge i64 %left, 16",
+        "  br i1 %full, label %sfull, label %spart",
+        "sfull:",
+    ]
+    outs = {}
+    for r, h in accs:
+        u = f"{r}_{h}"
+        if minsum:
+            s += [f"  %o{u} = fadd {vf} %an{u}, %mn{u}"]
+            outs[(r, h)] = f"%o{u}"
+        else:
+            outs[(r, h)] = f"%an{u}"
+    # (the fadd above is in sfull's block; spart recomputes it: each block defines its own)
+    for r, h in accs:
+        u = f"{r}_{h}"
+        s += [
+            f"  %yn{u} = add i64 %n0, {W * h}",
+            f"  %ya{u} = getelementptr float, ptr %y{r}, i64 %yn{u}",
+            f"  store {vf} {outs[(r, h)]}, ptr %ya{u}, align 4",
+        ]
+    s += ["  br label %stored", "spart:"]
+    iota = ", ".join(f"i64 {j}" for j in range(W))
+    s += [
+        f"  %li = insertelement <{W} x i64> poison, i64 %left, i32 0",
+        f"  %lv = shufflevector <{W} x i64> %li, <{W} x i64> poison, <{W} x i32> zeroinitializer",
+    ]
+    for h in range(H):
+        s += [
+            f"  %ix{h} = add <{W} x i64> <{iota}>, {_splat('i64', W, W * h)}",
+            f"  %mk{h} = icmp ult <{W} x i64> %ix{h}, %lv",
+        ]
+    for r, h in accs:
+        u = f"{r}_{h}"
+        val = f"%an{u}"
+        if minsum:
+            s += [f"  %op{u} = fadd {vf} %an{u}, %mn{u}"]
+            val = f"%op{u}"
+        s += [
+            f"  %ypn{u} = add i64 %n0, {W * h}",
+            f"  %ypa{u} = getelementptr float, ptr %y{r}, i64 %ypn{u}",
+            f"  call void @llvm.masked.store.v{W}f32.p0({vf} {val}, ptr %ypa{u}, i32 4,"
+            f" <{W} x i1> %mk{h})",
+        ]
+    s += [
+        "  br label %stored",
+        "stored:",
+        "  %pn = add i64 %p, 1",
+        "  %pmore = icmp ult i64 %pn, %p1",
+        "  br i1 %pmore, label %panel, label %done",
+        "done:",
+        "  ret void",
+        "}",
+    ]
+    return "\n".join(s)
+
+
+def _dot_ir(path: str, u: str, terms: list, init: str, q4: bool, g: int, W: int) -> list[str]:
+    """%i{u}: init + the sum of the terms (weight operand, x row, x word) as int32 lanes."""
+    B = 4 * W
+    vb, vi = f"<{B} x i8>", f"<{W} x i32>"
+    s = []
+    if path in ("zmm", "ymm"):
+        bits = 32 * W
+        chains = 2 if g <= 2 else 1  # a single row of x: two dependency chains
+        cur = [init] + ["zeroinitializer"] * (chains - 1)
+        for t, (wop, r, j) in enumerate(terms):
+            c = t % chains
+            s += [
+                f"  %wb{u}_{t} = bitcast {vb} {wop} to {vi}",
+                f"  %c{u}_{t} = call {vi} @llvm.x86.avx512.vpdpbusd.{bits}({vi} {cur[c]},"
+                f" {vi} %wb{u}_{t}, {vi} %ev{r}_{j})",
+            ]
+            cur[c] = f"%c{u}_{t}"
+        if chains == 2:
+            s += [f"  %i{u} = add {vi} {cur[0]}, {cur[1]}"]
+        else:
+            s += [f"  %i{u} = add {vi} {cur[0]}, zeroinitializer"]
+        return s
+    ones = _splat("i16", 16, 1)
+    prods = []
+    for t, (wop, r, j) in enumerate(terms):
+        xop = f"%eb{r}_{j}"
+        if not q4:  # sign trick: |q_w| (unsigned) times sign(q_w) * q_x
+            s += [f"  %sg{u}_{t} = call {vb} @llvm.x86.avx2.psign.b({vb} %eb{r}_{j}, {vb}"
+                  f" %sw{wop[3:]})"]  # fmt: skip
+            xop = f"%sg{u}_{t}"
+        s += [f"  %pm{u}_{t} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({vb} {wop}, {vb} {xop})"]
+        prods.append(f"%pm{u}_{t}")
+    if q4:  # 8 products of |pair| <= 2 * 15 * 127 each: their int16 sum cannot overflow
+        acc = prods[0]
+        for t, p in enumerate(prods[1:]):
+            s += [f"  %ps{u}_{t} = add <16 x i16> {acc}, {p}"]
+            acc = f"%ps{u}_{t}"
+        s += [
+            f"  %pw{u} = call {vi} @llvm.x86.avx2.pmadd.wd(<16 x i16> {acc}, <16 x i16> {ones})",
+            f"  %i{u} = add {vi} %pw{u}, {init}",
+        ]
+        return s
+    acc = init
+    for t, p in enumerate(prods):  # Q8_0: |pair| <= 2 * 128 * 127, widened one by one
+        s += [
+            f"  %pw{u}_{t} = call {vi} @llvm.x86.avx2.pmadd.wd(<16 x i16> {p}, <16 x i16> {ones})",
+            f"  %pa{u}_{t} = add {vi} {acc}, %pw{u}_{t}",
+        ]
+        acc = f"%pa{u}_{t}"
+    s += [f"  %i{u} = add {vi} {acc}, zeroinitializer"]
+    return s
+
+
+def declarations(path: str, have: list[str]) -> list[str]:
+    """The intrinsics the kernels of a path use that ``have`` (gemm's) does not declare."""
+    W = 16 if path == "zmm" else 8
+    vf = f"<{W} x float>"
+    d = [
+        f"declare {vf} @llvm.fma.v{W}f32({vf}, {vf}, {vf})",
+        f"declare void @llvm.masked.store.v{W}f32.p0({vf}, ptr, i32, <{W} x i1>)",
+        "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+    ]
+    if path == "avx2":
+        d += [
+            "declare <32 x i8> @llvm.abs.v32i8(<32 x i8>, i1)",
+            "declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)",
+            "declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)",
+            "declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)",
+        ]
+    else:
+        bits = 32 * W
+        d += [
+            f"declare <{W} x i32> @llvm.x86.avx512.vpdpbusd.{bits}(<{W} x i32>, <{W} x i32>,"
+            f" <{W} x i32>)"
+        ]
+    have_names = {h.split("@")[1].split("(")[0] for h in have}
+    return [x for x in d if x.split("@")[1].split("(")[0] not in have_names]
+
+
+def module_ir(path: str, have: list[str] = ()) -> list[str]:
+    """Every kernel of a path (three formats x 1..G_MAX rows) with the declarations needed."""
+    fns = [kernel_ir(q, g, path) for q in FORMATS for g in range(1, G_MAX[path] + 1)]
+    return declarations(path, list(have)) + fns
+
+
+def _path(features: dict, isa: str) -> str:
+    """ "zmm", "ymm" or "avx2" (see module doc) for this host and the EMBER_* switches."""
+    if _idot._has_vnni(features, isa):
+        return "zmm" if _idot._has_wide(features, isa) else "ymm"
+    return "avx2"
+
+
+# ------------------------------------------------------------------ numba driver
+_q8 = None  # _q8x's ember_q8_rows (ExternalFunction)
+_run = None  # kernels.cpu.pool's ember_pool_run (ExternalFunction)
+_CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
+
+
+def _driver_py(f, w, n, nb, x, y, xq, xd, xs, xi, chunk, ctrl, fns, gmax):  # pragma: no cover
+    """y (M, n) = x @ W.T for W's panels w (format f, n rows, nb blocks per row), x float32.
+
+    Quantizes x, then hands chunks of ``chunk`` rows (a multiple of 16) to kernels.cpu.pool;
+    each chunk runs the kernel for every group of up to gmax rows of x (fns: the kernels for
+    1..gmax rows, format-major). xq, xd, xs, xi: scratch for x's blocks from the caller.
+    Returns the cycles the caller waited.
+    """
+    m, k = x.shape
+    _q8(x.ctypes.data, m, k, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, xi.ctypes.data)
+    sa = xs.ctypes.data if f == 2 else xi.ctypes.data
+    ctrl[_CHUNK] = chunk
+    ctrl[_ROWS] = n
+    ctrl[_WI] = w.ctypes.data
+    ctrl[_ROWB] = w.shape[1]
+    ctrl[_NB] = nb
+    ctrl[_LDX] = k
+    ctrl[_LDD] = nb
+    ctrl[_LDY] = n
+    groups = (m + gmax - 1) // gmax
+    ctrl[_GROUPS] = groups
+    for j in range(groups):
+        m0 = j * gmax
+        g = min(gmax, m - m0)
+        o = _GROUP0 + _GROUP_WORDS * j
+        ctrl[o] = fns[gmax * f + g - 1]
+        ctrl[o + 1] = xq.ctypes.data + m0 * k
+        ctrl[o + 2] = xd.ctypes.data + m0 * nb * 4
+        ctrl[o + 3] = sa + m0 * nb * 4
+        ctrl[o + 4] = y.ctypes.data + m0 * n * 4
+    return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk)
+
+
+def _build(nb):
+    from numba import types
+
+    from ember.kernels.cpu import pool, vecmath
+    from ember.kernels.cpu.quant import _q8x
+
+    g = globals()
+    g["_run"] = types.ExternalFunction("ember_pool_run", types.int64(types.int64, types.int64))
+    for name in ("CHUNK", "ROWS", "GROUPS", "WI", "ROWB", "NB", "LDX", "LDD", "LDY", "GROUP0",
+                 "GROUP_WORDS"):  # fmt: skip
+        g[f"_{name}"] = getattr(pool, name)
+    g["_q8"] = _idot.q8_symbol()
+    opts = dict(cache=True, nogil=True, error_model="numpy")
+    return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool, _idot, _q8x))
+
+
+def state() -> dict | None:
+    """Compile the kernels, the pool and the driver once; None where they cannot run here."""
+    if "ok" not in _STATE:
+        _STATE["ok"] = False
+        st = _idot.state()  # llvmlite, AVX2+FMA, the pool
+        if st is not None:
+            import llvmlite.binding as llvm
+
+            from ember.kernels.cpu import gemm as G
+            from ember.kernels.cpu import numba_or_none
+
+            isa = G.isa()
+            path = _path(llvm.get_host_cpu_features(), isa)
+            gmax = G_MAX[path]
+            names = [
+                f"ember_pdot_{q.lower()}_{r}_{path}" for q in FORMATS for r in range(1, gmax + 1)
+            ]
+            have = G._declarations(G.ISAS[isa][0])
+            engine = G.jit_ir(module_ir(path, have), names)
+            fns = np.array([engine.get_function_address(n) for n in names], np.int64)
+            _STATE.update(ok=True, engine=engine, path=path, gmax=gmax, fns=fns,
+                          driver=_build(numba_or_none()))  # fmt: skip
+    return _STATE if _STATE["ok"] else None
+
+
+def available() -> bool:
+    """Whether the panel kernels run here (and ``EMBER_QUANT_DOT`` does not ask for float)."""
+    if config.QUANT_DOT == "float" or not config.QUANT_REPACK:
+        return False
+    ok = _STATE.get("ok")
+    return state() is not None if ok is None else ok
+
+
+def check(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray) -> None:
+    """The kernels follow raw pointers: refuse operands that would take them out of bounds."""
+    if qtype not in FORMATS:
+        raise DTypeError(f"pdot: no panel kernel for {qtype}")
+    for name, a in (("x", x), ("y", y)):
+        ok = isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2
+        if not ok or not a.flags.c_contiguous:
+            raise DTypeError(f"pdot: {name} must be a C-contiguous 2-d float32 array")
+    k = x.shape[1]
+    nb = k // 32
+    ok = isinstance(panels, np.ndarray) and panels.dtype == np.uint8 and panels.flags.c_contiguous
+    if not ok or k % 32 or nb < 1 or panels.shape != (-(-n // 16), _panels.panel_bytes(qtype, nb)):
+        raise ShapeError(f"pdot: panels {getattr(panels, 'shape', None)} do not fit ({n}, {k})")
+    if x.shape[0] < 1 or y.shape != (x.shape[0], n) or panels.ctypes.data % 64:
+        raise ShapeError(f"pdot: x {x.shape} and y {y.shape} do not fit the weight {(n, k)}")
+
+
+def max_rows() -> int:
+    """Rows of x one pool job carries (kernels.cpu.pool.MAX_GROUPS groups of G_MAX)."""
+    from ember.kernels.cpu import pool
+
+    st = _STATE if _STATE.get("ok") else state()
+    return pool.MAX_GROUPS * st["gmax"]
+
+
+def bind(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray):
+    """A no-argument function computing y = x @ W.T on these arrays (checked here, up to
+    max_rows() rows of x), whatever x holds when it is called (a captured step's product)."""
+    from ember.kernels.cpu import pool
+
+    check(qtype, panels, n, x, y)
+    m, k = x.shape
+    if m > max_rows():
+        raise ShapeError(f"pdot: {m} rows of x, at most {max_rows()} per product")
+    st = _STATE if _STATE.get("ok") else state()
+    nb = k // 32
+    xq = np.empty((m, k), np.int8)
+    xd = np.empty((m, nb), np.float32)
+    xs = np.empty((m, nb), np.float32)
+    xi = np.empty((m, nb), np.int32)
+    rowb = panels.shape[1] // 16
+    chunk = max(16, (CHUNK_BYTES // rowb) & ~15)
+    driver, f, fns, ctrl, gmax = (
+        st["driver"],
+        FORMATS.index(qtype),
+        st["fns"],
+        pool.ctrl,
+        st["gmax"],
+    )
+
+    def run() -> None:
+        driver(f, panels, n, nb, x, y, xq, xd, xs, xi, chunk, ctrl(), fns, gmax)
+
+    return run
+
+
+def product(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray) -> None:
+    """y = x @ W.T for W's panels (operands checked here), on the pool's threads."""
+    m = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else 0
+    top = max_rows()
+    if m > top:
+        for m0 in range(0, m, top):
+            product(qtype, panels, n, x[m0 : m0 + top], y[m0 : m0 + top])
+        return
+    bind(qtype, panels, n, x, y)()
