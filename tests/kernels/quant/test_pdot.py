@@ -249,3 +249,28 @@ def test_paths_give_the_same_bits():
     ]
     assert runs[2][0] == "avx2"
     assert len({r[1] for r in runs}) == 1, runs
+
+
+@pytest.mark.parametrize("rows", [(32, 16, 48), (20, 7, 33)])
+def test_stacked_weight_is_only_panels(rows, monkeypatch):
+    """inference.stack's q/k/v or gate/up weight: panels only, each part's rows bitwise its own
+    product; the GGUF bytes come back on demand; the reference path still reads them."""
+    from ember.kernels.cpu import quant
+
+    rng = np.random.default_rng(9)
+    parts = [QTensor(_w3(rng, "Q4_0", r, 3).reshape(-1), "Q4_0", (r, 96)) for r in rows]
+    s = quant.stack(parts)
+    assert s._data is None and s.shape == (sum(rows), 96)
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    y = s.matmul_t(x)
+    assert s._data is None  # the product read the panels only
+    for part, (a, b) in zip(parts, [(0, rows[0]), (rows[0], rows[0] + rows[1]),
+                                    (rows[0] + rows[1], sum(rows))]):  # fmt: skip
+        np.testing.assert_array_equal(y[:, a:b], part.matmul_t(x))
+    want = np.concatenate([p.data for p in parts])
+    np.testing.assert_array_equal(s.data, want)  # unpacked on first access
+    assert s._packed[0] is s._data  # and the panels stay valid for those bytes
+    np.testing.assert_array_equal(s.matmul_t(x), y)
+    monkeypatch.setattr(config, "KERNELS", "reference")
+    assert quant.stack(parts)._data is not None  # no kernels: the blocks, concatenated
+    np.testing.assert_allclose(s.matmul_t(x), y, rtol=1e-2, atol=0.1 * np.abs(y).max())

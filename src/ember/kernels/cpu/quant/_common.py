@@ -349,12 +349,16 @@ class QuantKernels:
     def _int_product(self, w3: np.ndarray, x: np.ndarray, qweight=None) -> np.ndarray:
         """``x @ W.T`` by the ``_pdot`` kernels on W's panels (kept on ``qweight``, or packed for
         this call), else the ``_idot`` ones (x float32 (M, K), C-contiguous, 1 <= M)."""
-        y = np.empty((x.shape[0], w3.shape[0]), F32)
         if self.panel_dot():
+            n = qweight.shape[0] if w3 is None else w3.shape[0]
+            y = np.empty((x.shape[0], n), F32)
             p = _panels.pack(w3, self.qtype) if qweight is None else _panels.panels_of(qweight)
-            _pdot.product(self.qtype, p, w3.shape[0], x, y)
-        else:
-            _idot.product(self.small_kernel(), w3, x, y)
+            _pdot.product(self.qtype, p, n, x, y)
+            return y
+        if w3 is None:
+            w3 = qweight.blocks3d()
+        y = np.empty((x.shape[0], w3.shape[0]), F32)
+        _idot.product(self.small_kernel(), w3, x, y)
         return y
 
     def run_matmul_t(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -410,7 +414,8 @@ class QuantKernels:
     # ---------------------------------------------------------------- the linear_q kernel
     def linear(self, x: np.ndarray, b: np.ndarray | None = None, *, qweight) -> np.ndarray:
         """``x @ W.T + b`` for float32 x (..., K) and a 2-d QTensor W of this format."""
-        w3 = qweight.blocks3d()
+        panels = self.panel_dot()  # (then W's blocks are not needed: they may not exist)
+        w3 = None if panels else qweight.blocks3d()
         n, k = qweight.shape
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")

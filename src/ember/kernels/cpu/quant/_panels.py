@@ -161,18 +161,20 @@ def _check(w3: np.ndarray, qtype: str) -> None:
         raise ShapeError(f"panels: {qtype} blocks are {SPECS[qtype][0]} bytes, got {w3.shape}")
 
 
-def pack(w3: np.ndarray, qtype: str) -> np.ndarray:
-    """(n, nb, bs) GGUF blocks -> (panels, panel_bytes) uint8, 64-byte aligned."""
+def pack(w3: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """(n, nb, bs) GGUF blocks -> (panels, panel_bytes) uint8, 64-byte aligned (into out)."""
     _check(w3, qtype)
     n, nb, _ = w3.shape
     p, pb = _shape(qtype, n, nb)
+    if out is None:
+        out = _aligned(p * pb).reshape(p, pb)
+    elif out.shape != (p, pb) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ShapeError(f"panels: out must be ({p}, {pb}) uint8, got {out.shape} {out.dtype}")
     fns = _compiled()
     if fns is None:
-        out = _aligned(p * pb).reshape(p, pb)
         out[...] = pack_reference(w3, qtype)
         return out
     _, qoff, groups, halves = SPECS[qtype]
-    out = _aligned(p * pb).reshape(p, pb)
     fns[0](np.ascontiguousarray(w3), out, qoff, groups, halves, 0x80 if qtype == "Q8_0" else 0)
     return out
 
@@ -192,10 +194,49 @@ def unpack(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
 
 
 def panels_of(qweight) -> np.ndarray:
-    """The panels of a 2-d QTensor of a ``SPECS`` format, packed on first use and kept on it."""
+    """The panels of a 2-d QTensor of a ``SPECS`` format, packed on first use and kept on it.
+
+    Once packed, the pages of a memory-mapped ``data`` leave the resident set (they stay
+    mapped: what reads them again faults them back in).
+    """
+    from ember.memory import release_file_pages
+
     cached = qweight._packed
-    if cached is not None and cached[0] is qweight.data:
+    if cached is not None and cached[0] is qweight._data:
         return cached[1]
     panels = pack(qweight.blocks3d(), qweight.qtype)
-    qweight._packed = (qweight.data, panels)
+    qweight._packed = (qweight._data, panels)
+    release_file_pages(qweight._data)
     return panels
+
+
+def stacked(qweights: list):
+    """One QTensor of the rows of 2-d QTensors of one format (q/k/v, gate/up) that exists only
+    as panels (``QTensor.packed_only``: the stacked GGUF bytes are made again only if asked
+    for); the parts' memory-mapped pages leave the resident set."""
+    from ember.memory import release_file_pages
+    from ember.quant.qtensor import QTensor
+
+    qtype, k = qweights[0].qtype, qweights[0].shape[1]
+    parts = [w.blocks3d() for w in qweights]
+    n = sum(r.shape[0] for r in parts)
+    if all(r.shape[0] % ROWS == 0 for r in parts[:-1]):  # each part's panels in place
+        p, pb = _shape(qtype, n, k // 32)
+        panels = _aligned(p * pb).reshape(p, pb)
+        p0 = 0
+        for r in parts:
+            p1 = p0 + -(-r.shape[0] // ROWS)
+            pack(r, qtype, panels[p0:p1])
+            p0 = p1
+    else:
+        panels = pack(np.concatenate(parts), qtype)  # (the GGUF-order stack a temporary)
+    for w in qweights:
+        release_file_pages(w._data)
+    return QTensor.packed_only(qtype, (n, k), panels)
+
+
+def unpacked(qweight) -> np.ndarray:
+    """The GGUF bytes (rows, row bytes) of a QTensor from its panels."""
+    n, k = qweight.shape
+    w3 = unpack(qweight._packed[1], qweight.qtype, n, k // 32)
+    return w3.reshape(n, -1)
