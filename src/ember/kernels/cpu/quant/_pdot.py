@@ -58,7 +58,8 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
     """y[r, n] for the panels holding rows [r0, r1) and x rows r < g (see module doc).
 
     Arguments as kernels.cpu.pool calls them: (w, panel bytes, blocks, r0, r1, xq, ldx, xd, xs,
-    ldd, y, ldy); xs holds sum(q) as int32 (Q8_0, Q4_0) or d * sum(q) as float32 (Q4_1).
+    ldd, y, ldy); xs holds the offset's correction -128 sum(q) (Q8_0) or -8 sum(q) (Q4_0) as
+    int32, or d * sum(q) as float32 (Q4_1).
     """
     _, _, groups, halves = _panels.SPECS[qtype]
     W = 16 if path == "zmm" else 8  # lanes (rows) per vector
@@ -67,7 +68,6 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
     vb, vi, vf, vh = f"<{B} x i8>", f"<{W} x i32>", f"<{W} x float>", f"<{W} x half>"
     q4 = qtype != "Q8_0"
     minsum = qtype == "Q4_1"
-    offset = {"Q8_0": -128, "Q4_0": -8, "Q4_1": 0}[qtype]
     qn = 64 * groups  # quant bytes per panel block
     name = f"ember_pdot_{qtype.lower()}_{g}_{path}"
     s = [
@@ -177,9 +177,8 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
                 f"  %sxv{r} = shufflevector {vf} %sxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
             ]
         elif path != "avx2" or q4:  # the offset's correction (AVX2's Q8_0 dots are signed)
-            s += [
-                f"  %xsum{r} = load i32, ptr %xsa{r}, align 4",
-                f"  %ofs{r} = mul i32 %xsum{r}, {offset}",
+            s += [  # (the driver has multiplied the sums by the offset)
+                f"  %ofs{r} = load i32, ptr %xsa{r}, align 4",
                 f"  %ofi{r} = insertelement {vi} poison, i32 %ofs{r}, i32 0",
                 f"  %ofv{r} = shufflevector {vi} %ofi{r}, {vi} poison, <{W} x i32> zeroinitializer",
             ]
@@ -376,6 +375,11 @@ def _driver_py(f, w, n, nb, x, y, xq, xd, xs, xi, chunk, ctrl, fns, gmax):  # pr
     """
     m, k = x.shape
     _q8(x.ctypes.data, m, k, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, xi.ctypes.data)
+    if f != 2:  # the offsets' corrections: -128 sum(q) (Q8_0's unsigned bytes), -8 sum(q)
+        off = -128 if f == 0 else -8
+        for i in range(m):
+            for b in range(nb):
+                xi[i, b] *= off
     sa = xs.ctypes.data if f == 2 else xi.ctypes.data
     ctrl[_CHUNK] = chunk
     ctrl[_ROWS] = n
