@@ -33,8 +33,12 @@ def _panels_on(monkeypatch):
 
 
 def _w3(rng, qtype, n, nb):
-    bs = _panels.SPECS[qtype][0]
+    bs = _panels.BLOCK_BYTES[qtype]
     return random_blocks(rng, qtype, n * nb).reshape(n, nb, bs)
+
+
+def _k(qtype, nb):
+    return _panels.BLOCK_ELEMENTS[qtype] * nb
 
 
 def _fmt(qtype):
@@ -101,7 +105,7 @@ def test_products_of_many_rows(qtype):
     w3 = _w3(rng, qtype, n, nb)
     p = _panels.pack(w3, qtype)
     m = _pdot.max_rows() + 9
-    x = rng.standard_normal((m, 32 * nb)).astype(np.float32)
+    x = rng.standard_normal((m, _k(qtype, nb))).astype(np.float32)
     y = np.empty((m, n), np.float32)
     with threads_set(2):
         _pdot.product(qtype, p, n, x, y)
@@ -144,8 +148,8 @@ def test_prepared_product_is_the_same(qtype):
     """A captured step's bound product (prepare_linear) runs the same panels and kernels."""
     rng = np.random.default_rng(6)
     w3 = _w3(rng, qtype, 37, 4)
-    q = QTensor(w3.reshape(-1), qtype, (37, 128))
-    x = rng.standard_normal((2, 3, 128)).astype(np.float32)
+    q = QTensor(w3.reshape(-1), qtype, (37, _k(qtype, 4)))
+    x = rng.standard_normal((2, 3, _k(qtype, 4))).astype(np.float32)
     out = np.empty((2, 3, 37), np.float32)
     run = _fmt(qtype).prepare_linear(out, x, qweight=q)
     run()
@@ -218,11 +222,11 @@ from ember.kernels.cpu.quant import _pdot, _panels
 from tests.quant.conftest import random_blocks
 rng = np.random.default_rng(2)
 out = []
-for q, bs in (("Q8_0", 34), ("Q4_0", 18), ("Q4_1", 20)):
+for q, bs, k in (("Q8_0", 34, 96), ("Q4_0", 18, 96), ("Q4_1", 20, 96), ("Q6_K", 210, 768)):
     w3 = random_blocks(rng, q, 37 * 3).reshape(37, 3, bs)
     p = _panels.pack(w3, q)
     for m in (1, 5, 19):
-        x = rng.standard_normal((m, 96)).astype(np.float32)
+        x = rng.standard_normal((m, k)).astype(np.float32)
         y = np.empty((m, 37), np.float32)
         _pdot.product(q, p, 37, x, y)
         out.append(y)
@@ -274,3 +278,55 @@ def test_stacked_weight_is_only_panels(rows, monkeypatch):
     monkeypatch.setattr(config, "KERNELS", "reference")
     assert quant.stack(parts)._data is not None  # no kernels: the blocks, concatenated
     np.testing.assert_allclose(s.matmul_t(x), y, rtol=1e-2, atol=0.1 * np.abs(y).max())
+
+
+def _q6k_reference(w3, x):
+    """x @ W.T from x's Q8 blocks and Q6_K's integers, in float64 (exact but for rounding)."""
+    from ember.quant.dequant import DEQUANTIZERS
+
+    n, nb, _ = w3.shape
+    w = DEQUANTIZERS["Q6_K"](w3.reshape(-1, 210)).reshape(n, 256 * nb).astype(np.float64)
+    q, d, _, _ = _q8x.quantize_rows(x)
+    m = x.shape[0]
+    xr = (q.reshape(m, -1, 32) * d[..., None].astype(np.float64)).reshape(m, -1)
+    return xr @ w.T, np.abs(xr) @ np.abs(w).T, w
+
+
+@pytest.mark.parametrize("n, nb", [(1, 1), (37, 2), (48, 3)])
+def test_q6_k_matches_the_same_quantized_x(n, nb):
+    """Q6_K's panel kernel: against float64 of the same int8 x, and within the int8 step's
+    error of the float product (test_idot's checks, for the K-quant)."""
+    rng = np.random.default_rng(n + nb)
+    w3 = _w3(rng, "Q6_K", n, nb)
+    for m in (1, 2, 9, 19):
+        x = rng.standard_normal((m, 256 * nb)).astype(np.float32)
+        x[:, ::7] *= 10
+        y = _fmt("Q6_K").matmul_t(w3, x).astype(np.float64)
+        want, terms, w = _q6k_reference(w3, x)
+        assert (np.abs(y - want) <= 2e-6 * terms.max() + 1e-30).all()
+        _, d, _, _ = _q8x.quantize_rows(x)
+        exact = x.astype(np.float64) @ w.T
+        bound = (d.astype(np.float64) / 2) @ np.abs(w).reshape(n, -1, 32).sum(axis=2).T
+        assert (np.abs(y - exact) <= bound * (1 + 1e-4) + 1e-5 * terms).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q6_k_batch_invariance(threads, monkeypatch):
+    monkeypatch.setattr(_pdot, "CHUNK_BYTES", 1)  # chunks of 16 rows, shared by the threads
+    rng = np.random.default_rng(12)
+    n, nb = 75, 2
+    w3 = _w3(rng, "Q6_K", n, nb)
+    q = QTensor(w3.reshape(-1), "Q6_K", (n, 512))
+    x = rng.standard_normal((21, 512)).astype(np.float32)
+    with threads_set(1):
+        alone = np.stack([q.matmul_t(x[i : i + 1])[0] for i in range(len(x))])
+    with threads_set(threads):
+        for m in (2, 5, 8, 9, 16, 21):
+            np.testing.assert_array_equal(q.matmul_t(x[:m]), alone[:m], err_msg=f"M={m}")
+    assert _fmt("Q6_K").panel_dot() and quant_invariant_rows(q) >= 16
+
+
+def quant_invariant_rows(q):
+    from ember.kernels.cpu import quant
+
+    return quant.invariant_rows(q)

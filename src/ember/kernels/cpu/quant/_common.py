@@ -45,7 +45,7 @@ U8 = np.uint8
 # integer kernel reads the bundled model's 49152-row head 1.6x faster than its float-x one
 # (1279 vs 2080 us at 1 thread, 718 vs 1105 at 2; an ad-hoc run on Zen 5), which stays for
 # EMBER_QUANT_DOT=float.
-INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
+INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # (Q6_K: on panels only)
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 # up to this many rows of x the _idot kernels beat decoding float32 tiles for BLAS (an ad-hoc
 # 2-thread sweep of the bundled SmolLM2's products on AVX-512 VNNI: up to 128-192 rows for
@@ -319,12 +319,14 @@ class QuantKernels:
 
     def int_dot(self) -> bool:
         """Whether small products (``int_rows``) run the integer kernels here."""
-        return self.qtype in INT_DOT_FORMATS and _idot.available()
+        if self.qtype not in INT_DOT_FORMATS:
+            return False
+        return self.panel_dot() or (self.qtype in _idot.SPECS and _idot.available())
 
     def panel_dot(self) -> bool:
         """Whether products of any size run the panel kernels (``_pdot``) on a copy of the
         weight repacked once (``_panels``)."""
-        return self.qtype in INT_DOT_FORMATS and _pdot.available()
+        return self.qtype in INT_DOT_FORMATS and self.qtype in _pdot.FORMATS and _pdot.available()
 
     def int_rows(self) -> int:
         """Up to how many rows of x a product runs the ``_idot`` / ``_pdot`` kernels (0: never)."""

@@ -15,6 +15,10 @@ a panel the 16 rows' blocks are interleaved so that one vector lane belongs to o
 * Q8_0's bytes are stored plus 128 (``q ^ 0x80``: unsigned, what ``vpdpbusd`` multiplies; the
   kernels subtract ``128 * sum(q_x)``); Q4 nibbles stay as they are (byte j: element j in the
   low nibble, element j + 16 in the high one).
+* Q6_K (super-blocks of 256: ql 128 bytes, qh 64, 16 int8 scales, fp16 d) has its 192 quant
+  bytes as 48 such groups (ql's 32 words, then qh's 16), then per super-block its scales as
+  16 x 16 bytes (scale s of the 16 rows together: one sign extension gives them as 16 lanes),
+  then the fp16 d of the 16 rows.
 
 A panel is about the weight's size (plus at most 15 zero rows and 63 bytes), made once per
 weight: :func:`panels_of` keeps it on the QTensor (``QTensor._packed``, keyed on its data, so a
@@ -36,13 +40,14 @@ ROWS = 16  # weight rows per panel (one 32-bit lane each in a 512-bit vector)
 # qtype -> (bytes per block, offset of the quants in a GGUF block, quant groups of 4 bytes per
 # row and block, fp16 values per row and block: d, or d and m)
 SPECS = {"Q8_0": (34, 2, 8, 1), "Q4_0": (18, 2, 4, 1), "Q4_1": (20, 4, 4, 2)}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q6_K": 210}
+BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q6_K": 256}
 _STATE: dict = {}
 
 
 def panel_bytes(qtype: str, nb: int) -> int:
     """Bytes of one panel of nb blocks per row (a multiple of 64)."""
-    bs = SPECS[qtype][0]
-    return -(-(ROWS * bs * nb) // 64) * 64
+    return -(-(ROWS * BLOCK_BYTES[qtype] * nb) // 64) * 64
 
 
 def _shape(qtype: str, n: int, nb: int) -> tuple[int, int]:
@@ -59,12 +64,20 @@ def _aligned(nbytes: int) -> np.ndarray:
 # ------------------------------------------------------------------ numpy reference
 def pack_reference(w3: np.ndarray, qtype: str) -> np.ndarray:
     """(n, nb, bs) GGUF blocks -> (panels, panel_bytes) uint8, in numpy (see module doc)."""
-    bs, qoff, groups, halves = SPECS[qtype]
-    n, nb, _ = w3.shape
+    n, nb, bs = w3.shape
     p, pb = _shape(qtype, n, nb)
     w = np.zeros((p * ROWS, nb, bs), np.uint8)
     w[:n] = w3
     w = w.reshape(p, ROWS, nb, bs)
+    if qtype == "Q6_K":
+        q = w[..., :192].reshape(p, ROWS, nb, 48, 4).transpose(0, 2, 3, 1, 4)
+        parts = [q.reshape(p, -1), w[..., 192:208].transpose(0, 2, 3, 1).reshape(p, -1)]
+        parts.append(w[..., 208:210].transpose(0, 2, 1, 3).reshape(p, -1))
+        out = np.zeros((p, pb), np.uint8)
+        body = np.concatenate(parts, axis=1)
+        out[:, : body.shape[1]] = body
+        return out
+    _, qoff, groups, halves = SPECS[qtype]
     q = w[..., qoff:].reshape(p, ROWS, nb, groups, 4).transpose(0, 2, 3, 1, 4)
     if qtype == "Q8_0":
         q = q ^ np.uint8(0x80)
@@ -79,8 +92,17 @@ def pack_reference(w3: np.ndarray, qtype: str) -> np.ndarray:
 
 def unpack_reference(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
     """The GGUF blocks (n, nb, bs) back from panels, in numpy."""
-    bs, qoff, groups, halves = SPECS[qtype]
     p = panels.shape[0]
+    if qtype == "Q6_K":
+        w = np.empty((p, ROWS, nb, 210), np.uint8)
+        q = panels[:, : nb * 3072].reshape(p, nb, 48, ROWS, 4)
+        w[..., :192] = q.transpose(0, 3, 1, 2, 4).reshape(p, ROWS, nb, 192)
+        sc = panels[:, nb * 3072 : nb * 3328].reshape(p, nb, 16, ROWS)
+        w[..., 192:208] = sc.transpose(0, 3, 1, 2)
+        d = panels[:, nb * 3328 : nb * 3360].reshape(p, nb, ROWS, 2)
+        w[..., 208:210] = d.transpose(0, 2, 1, 3)
+        return w.reshape(p * ROWS, nb, 210)[:n]
+    bs, qoff, groups, halves = SPECS[qtype]
     qn = nb * groups * ROWS * 4
     w = np.empty((p, ROWS, nb, bs), np.uint8)
     q = panels[:, :qn].reshape(p, nb, groups, ROWS, 4)
@@ -135,6 +157,47 @@ def _unpack_py(panels, w, qoff, groups, halves, flip):  # pragma: no cover - com
                 w[r, b, 2 * h + 1] = o[t + 1]
 
 
+def _pack_q6k_py(w, out):  # pragma: no cover - compiled
+    """pack_reference's loop for Q6_K."""
+    n, nb, bs = w.shape
+    p_count, pb = out.shape
+    qn, sn = nb * 3072, nb * 256
+    for p in prange(p_count):
+        o = out[p]
+        o[qn + sn + nb * 32 :] = 0
+        for i in range(16):
+            r = 16 * p + i
+            for b in range(nb):
+                for k in range(48):
+                    t = (b * 48 + k) * 64 + 4 * i
+                    for j in range(4):
+                        o[t + j] = w[r, b, 4 * k + j] if r < n else 0
+                for k in range(16):
+                    o[qn + b * 256 + 16 * k + i] = w[r, b, 192 + k] if r < n else 0
+                t = qn + sn + b * 32 + 2 * i
+                o[t] = w[r, b, 208] if r < n else 0
+                o[t + 1] = w[r, b, 209] if r < n else 0
+
+
+def _unpack_q6k_py(panels, w):  # pragma: no cover - compiled
+    """unpack_reference's loop for Q6_K."""
+    n, nb, bs = w.shape
+    qn, sn = nb * 3072, nb * 256
+    for r in prange(n):
+        p, i = r // 16, r % 16
+        o = panels[p]
+        for b in range(nb):
+            for k in range(48):
+                t = (b * 48 + k) * 64 + 4 * i
+                for j in range(4):
+                    w[r, b, 4 * k + j] = o[t + j]
+            for k in range(16):
+                w[r, b, 192 + k] = o[qn + b * 256 + 16 * k + i]
+            t = qn + sn + b * 32 + 2 * i
+            w[r, b, 208] = o[t]
+            w[r, b, 209] = o[t + 1]
+
+
 prange = range  # numba's prange once compiled (see _compiled)
 
 
@@ -148,17 +211,18 @@ def _compiled():
         else:
             globals()["prange"] = nb.prange
             opts = dict(cache=True, nogil=True, parallel=True)
-            _STATE["pack"] = (nb.njit(**opts)(_pack_py), nb.njit(**opts)(_unpack_py))
+            fns = (_pack_py, _unpack_py, _pack_q6k_py, _unpack_q6k_py)
+            _STATE["pack"] = tuple(nb.njit(**opts)(f) for f in fns)
     return _STATE["pack"]
 
 
 def _check(w3: np.ndarray, qtype: str) -> None:
-    if qtype not in SPECS:
+    if qtype not in BLOCK_BYTES:
         raise DTypeError(f"panels: no panel layout for {qtype}")
     if not (isinstance(w3, np.ndarray) and w3.dtype == np.uint8 and w3.ndim == 3):
         raise DTypeError("panels: the weight must be (rows, blocks, bytes) uint8 blocks")
-    if w3.shape[2] != SPECS[qtype][0] or w3.shape[1] < 1:
-        raise ShapeError(f"panels: {qtype} blocks are {SPECS[qtype][0]} bytes, got {w3.shape}")
+    if w3.shape[2] != BLOCK_BYTES[qtype] or w3.shape[1] < 1:
+        raise ShapeError(f"panels: {qtype} blocks are {BLOCK_BYTES[qtype]} bytes, got {w3.shape}")
 
 
 def pack(w3: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarray:
@@ -173,9 +237,12 @@ def pack(w3: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarra
     fns = _compiled()
     if fns is None:
         out[...] = pack_reference(w3, qtype)
-        return out
-    _, qoff, groups, halves = SPECS[qtype]
-    fns[0](np.ascontiguousarray(w3), out, qoff, groups, halves, 0x80 if qtype == "Q8_0" else 0)
+    elif qtype == "Q6_K":
+        fns[2](np.ascontiguousarray(w3), out)
+    else:
+        _, qoff, groups, halves = SPECS[qtype]
+        flip = 0x80 if qtype == "Q8_0" else 0
+        fns[0](np.ascontiguousarray(w3), out, qoff, groups, halves, flip)
     return out
 
 
@@ -187,8 +254,11 @@ def unpack(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
     fns = _compiled()
     if fns is None:
         return unpack_reference(panels, qtype, n, nb)
+    w = np.empty((n, nb, BLOCK_BYTES[qtype]), np.uint8)
+    if qtype == "Q6_K":
+        fns[3](panels, w)
+        return w
     _, qoff, groups, halves = SPECS[qtype]
-    w = np.empty((n, nb, SPECS[qtype][0]), np.uint8)
     fns[1](panels, w, qoff, groups, halves, 0x80 if qtype == "Q8_0" else 0)
     return w
 
@@ -221,7 +291,7 @@ def stacked(qweights: list):
     parts = [w.blocks3d() for w in qweights]
     n = sum(r.shape[0] for r in parts)
     if all(r.shape[0] % ROWS == 0 for r in parts[:-1]):  # each part's panels in place
-        p, pb = _shape(qtype, n, k // 32)
+        p, pb = _shape(qtype, n, parts[0].shape[1])
         panels = _aligned(p * pb).reshape(p, pb)
         p0 = 0
         for r in parts:
@@ -238,5 +308,5 @@ def stacked(qweights: list):
 def unpacked(qweight) -> np.ndarray:
     """The GGUF bytes (rows, row bytes) of a QTensor from its panels."""
     n, k = qweight.shape
-    w3 = unpack(qweight._packed[1], qweight.qtype, n, k // 32)
+    w3 = unpack(qweight._packed[1], qweight.qtype, n, k // BLOCK_ELEMENTS[qweight.qtype])
     return w3.reshape(n, -1)

@@ -39,7 +39,7 @@ from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu.quant import _idot, _panels
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1")  # format id = index
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # format id = index
 G_MAX = {"zmm": 8, "ymm": 4, "avx2": 4}  # x rows per kernel call, by path
 CHUNK_BYTES = 1 << 16  # weight bytes per chunk of pool work (for one group of x rows)
 # bytes ahead of the current block that each block step prefetches, every line of it: one
@@ -57,18 +57,30 @@ def _splat(ty: str, n: int, v) -> str:
 def kernel_ir(qtype: str, g: int, path: str) -> str:
     """y[r, n] for the panels holding rows [r0, r1) and x rows r < g (see module doc).
 
-    Arguments as kernels.cpu.pool calls them: (w, panel bytes, blocks, r0, r1, xq, ldx, xd, xs,
-    ldd, y, ldy); xs holds the offset's correction -128 sum(q) (Q8_0) or -8 sum(q) (Q4_0) as
-    int32, or d * sum(q) as float32 (Q4_1).
+    Arguments as kernels.cpu.pool calls them: (w, panel bytes, blocks of x, r0, r1, xq, ldx,
+    xd, xs, ldd, y, ldy); xs holds the offset's correction -128 sum(q) (Q8_0) or -8 sum(q)
+    (Q4_0) as int32, d * sum(q) as float32 (Q4_1), or -32 sum(q) of each half block (Q6_K).
     """
-    _, _, groups, halves = _panels.SPECS[qtype]
     W = 16 if path == "zmm" else 8  # lanes (rows) per vector
-    H = 16 // W  # vectors per panel row set
-    B = 4 * W  # bytes per vector
-    vb, vi, vf, vh = f"<{B} x i8>", f"<{W} x i32>", f"<{W} x float>", f"<{W} x half>"
-    q4 = qtype != "Q8_0"
-    minsum = qtype == "Q4_1"
-    qn = 64 * groups  # quant bytes per panel block
+    if qtype == "Q6_K":
+        from ember.kernels.cpu.quant import _pdot_q6k
+
+        return frame_ir(qtype, g, path, 384, 2, False, _pdot_q6k.block_ir(g, path, W))
+    groups = _panels.SPECS[qtype][2]
+    body = _block_ir(qtype, g, path, W)
+    return frame_ir(qtype, g, path, 64 * groups, 1, qtype == "Q4_1", body)
+
+
+def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body) -> str:
+    """The loops every format shares: over the panels of rows [r0, r1), over the blocks of x
+    (``%b``: quants at ``%qa`` = panel + b * qn, scales at ``%sb`` + 32 b, ``%mb`` after them),
+    the accumulators ``%a{r}_{h}`` (and ``%m{r}_{h}``: Q4_1's min term) that ``body`` (the IR of
+    one block) advances to ``%an{r}_{h}`` / ``%mn{r}_{h}``, and the stores (masked in the last
+    panel). x row r's sums at ``%xs{r}`` are ``xs_rows`` rows of ldd int32 apart.
+    """
+    W = 16 if path == "zmm" else 8
+    H = 16 // W
+    vf = f"<{W} x float>"
     name = f"ember_pdot_{qtype.lower()}_{g}_{path}"
     s = [
         f"define void @{name}(i64 %wi, i64 %pbytes, i64 %nb, i64 %r0, i64 %r1, i64 %xqi,"
@@ -88,7 +100,8 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
             f"  %xq{r} = getelementptr i8, ptr %xq, i64 %xqo{r}",
             f"  %xdo{r} = mul i64 %ldd, {r}",
             f"  %xd{r} = getelementptr float, ptr %xd, i64 %xdo{r}",
-            f"  %xs{r} = getelementptr i32, ptr %xs, i64 %xdo{r}",
+            f"  %xso{r} = mul i64 %ldd, {xs_rows * r}",
+            f"  %xs{r} = getelementptr i32, ptr %xs, i64 %xso{r}",
             f"  %yo{r} = mul i64 %ldy, {r}",
             f"  %y{r} = getelementptr float, ptr %y, i64 %yo{r}",
         ]
@@ -118,7 +131,7 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
         "  %qa = getelementptr i8, ptr %pb, i64 %qo",
         "  %so = shl i64 %b, 5",
     ]
-    for k in range(groups):  # every cache line of the block's quants, PREFETCH bytes ahead
+    for k in range(qn // 64):  # every cache line of the block's quants, PREFETCH bytes ahead
         s += [
             f"  %pf{k} = getelementptr i8, ptr %qa, i64 {PREFETCH + 64 * k}",
             f"  call void @llvm.prefetch.p0(ptr %pf{k}, i32 0, i32 3, i32 1)",
@@ -128,82 +141,7 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
         f"  %pfs1 = getelementptr i8, ptr %pfs, i64 {PREFETCH // 8}",
         "  call void @llvm.prefetch.p0(ptr %pfs1, i32 0, i32 3, i32 1)",
     ]
-    # the weight's vectors: operand (k, h) is what multiplies x's 4-byte word k for half h
-    ops: dict = {}
-    for k in range(groups):
-        for h in range(H):
-            u = f"{k}_{h}"
-            s += [
-                f"  %va{u} = getelementptr i8, ptr %qa, i64 {64 * k + B * h}",
-                f"  %v{u} = load {vb}, ptr %va{u}, align 64",
-            ]
-            if q4:
-                s += [
-                    f"  %lo{u} = and {vb} %v{u}, {_splat('i8', B, 15)}",
-                    f"  %hi{u} = lshr {vb} %v{u}, {_splat('i8', B, 4)}",
-                ]
-                ops[(k, h)], ops[(4 + k, h)] = f"%lo{u}", f"%hi{u}"
-            elif path == "avx2":  # signed q_w back (xor 128), |q_w| for the sign trick
-                s += [
-                    f"  %sw{u} = xor {vb} %v{u}, {_splat('i8', B, -128)}",
-                    f"  %aw{u} = call {vb} @llvm.abs.v{B}i8({vb} %sw{u}, i1 false)",
-                ]
-                ops[(k, h)] = f"%aw{u}"
-            else:
-                ops[(k, h)] = f"%v{u}"
-    for h in range(H):  # the 16 rows' scales (and mins), as W floats per half
-        for nm, base in (("d", "%sb"), ("mw", "%mb")) if minsum else (("d", "%sb"),):
-            s += [
-                f"  %{nm}o{h} = add i64 %so, {2 * W * h}",
-                f"  %{nm}a{h} = getelementptr i8, ptr {base}, i64 %{nm}o{h}",
-                f"  %{nm}h{h} = load {vh}, ptr %{nm}a{h}, align 2",
-                f"  %{nm}w{h} = fpext {vh} %{nm}h{h} to {vf}",
-            ]
-    words = 8  # 4-byte words of x per block
-    for r in range(g):
-        s += [
-            f"  %xo{r} = shl i64 %b, 5",
-            f"  %xb{r} = getelementptr i8, ptr %xq{r}, i64 %xo{r}",
-            f"  %dxa{r} = getelementptr float, ptr %xd{r}, i64 %b",
-            f"  %dx{r} = load float, ptr %dxa{r}, align 4",
-            f"  %dxi{r} = insertelement {vf} poison, float %dx{r}, i32 0",
-            f"  %dxv{r} = shufflevector {vf} %dxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
-            f"  %xsa{r} = getelementptr i32, ptr %xs{r}, i64 %b",
-        ]
-        if minsum:
-            s += [
-                f"  %sx{r} = load float, ptr %xsa{r}, align 4",
-                f"  %sxi{r} = insertelement {vf} poison, float %sx{r}, i32 0",
-                f"  %sxv{r} = shufflevector {vf} %sxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
-            ]
-        elif path != "avx2" or q4:  # the offset's correction (AVX2's Q8_0 dots are signed)
-            s += [  # (the driver has multiplied the sums by the offset)
-                f"  %ofs{r} = load i32, ptr %xsa{r}, align 4",
-                f"  %ofi{r} = insertelement {vi} poison, i32 %ofs{r}, i32 0",
-                f"  %ofv{r} = shufflevector {vi} %ofi{r}, {vi} poison, <{W} x i32> zeroinitializer",
-            ]
-        init = f"%ofv{r}" if (not minsum and (path != "avx2" or q4)) else "zeroinitializer"
-        for j in range(words):  # x's word j broadcast to every lane
-            s += [
-                f"  %ea{r}_{j} = getelementptr i8, ptr %xb{r}, i64 {4 * j}",
-                f"  %e{r}_{j} = load i32, ptr %ea{r}_{j}, align 4",
-                f"  %ei{r}_{j} = insertelement {vi} poison, i32 %e{r}_{j}, i32 0",
-                f"  %ev{r}_{j} = shufflevector {vi} %ei{r}_{j}, {vi} poison,"
-                f" <{W} x i32> zeroinitializer",
-            ]
-            if path == "avx2":
-                s += [f"  %eb{r}_{j} = bitcast {vi} %ev{r}_{j} to {vb}"]
-        for h in range(H):
-            u = f"{r}_{h}"
-            s += _dot_ir(path, u, [(ops[(j, h)], r, j) for j in range(words)], init, q4, g, W)
-            s += [
-                f"  %f{u} = sitofp {vi} %i{u} to {vf}",
-                f"  %sc{u} = fmul {vf} %dw{h}, %dxv{r}",
-                f"  %an{u} = call {vf} @llvm.fma.v{W}f32({vf} %sc{u}, {vf} %f{u}, {vf} %a{u})",
-            ]
-            if minsum:
-                s += [f"  %mn{u} = call {vf} @llvm.fma.v{W}f32({vf} %mww{h}, {vf} %sxv{r},"
-                      f" {vf} %m{u})"]  # fmt: skip
+    s += body
     s += [
         "  %b1 = add i64 %b, 1",
         "  %more = icmp ult i64 %b1, %nb",
@@ -267,8 +205,112 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
     return "\n".join(s)
 
 
-def _dot_ir(path: str, u: str, terms: list, init: str, q4: bool, g: int, W: int) -> list[str]:
-    """%i{u}: init + the sum of the terms (weight operand, x row, x word) as int32 lanes."""
+def x_ir(r: int, W: int, path: str) -> list[str]:
+    """x row r's block %b: its scale broadcast (``%dxv{r}``) and its 8 words of int8 each
+    broadcast to every lane (``%ev{r}_{j}``; ``%eb{r}_{j}`` as bytes on AVX2)."""
+    vf, vi = f"<{W} x float>", f"<{W} x i32>"
+    s = [
+        f"  %xo{r} = shl i64 %b, 5",
+        f"  %xb{r} = getelementptr i8, ptr %xq{r}, i64 %xo{r}",
+        f"  %dxa{r} = getelementptr float, ptr %xd{r}, i64 %b",
+        f"  %dx{r} = load float, ptr %dxa{r}, align 4",
+        f"  %dxi{r} = insertelement {vf} poison, float %dx{r}, i32 0",
+        f"  %dxv{r} = shufflevector {vf} %dxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
+    ]
+    for j in range(8):
+        s += [
+            f"  %ea{r}_{j} = getelementptr i8, ptr %xb{r}, i64 {4 * j}",
+            f"  %e{r}_{j} = load i32, ptr %ea{r}_{j}, align 4",
+            f"  %ei{r}_{j} = insertelement {vi} poison, i32 %e{r}_{j}, i32 0",
+            f"  %ev{r}_{j} = shufflevector {vi} %ei{r}_{j}, {vi} poison,"
+            f" <{W} x i32> zeroinitializer",
+        ]
+        if path == "avx2":
+            s += [f"  %eb{r}_{j} = bitcast {vi} %ev{r}_{j} to <{4 * W} x i8>"]
+    return s
+
+
+def splat_load_ir(name: str, ty: str, ptr: str, W: int) -> list[str]:
+    """%{name}: the value of type ty at ptr broadcast to W lanes."""
+    return [
+        f"  %{name}s = load {ty}, ptr {ptr}, align 4",
+        f"  %{name}i = insertelement <{W} x {ty}> poison, {ty} %{name}s, i32 0",
+        f"  %{name} = shufflevector <{W} x {ty}> %{name}i, <{W} x {ty}> poison,"
+        f" <{W} x i32> zeroinitializer",
+    ]
+
+
+def _block_ir(qtype: str, g: int, path: str, W: int) -> list[str]:
+    """One block of Q8_0 / Q4_0 / Q4_1 (see module doc) for x rows r < g."""
+    _, _, groups, _ = _panels.SPECS[qtype]
+    H = 16 // W  # vectors per panel row set
+    B = 4 * W  # bytes per vector
+    vb, vi, vf, vh = f"<{B} x i8>", f"<{W} x i32>", f"<{W} x float>", f"<{W} x half>"
+    q4 = qtype != "Q8_0"
+    minsum = qtype == "Q4_1"
+    s = []
+    # the weight's vectors: operand (k, h) is what multiplies x's 4-byte word k for half h
+    ops: dict = {}
+    for k in range(groups):
+        for h in range(H):
+            u = f"{k}_{h}"
+            s += [
+                f"  %va{u} = getelementptr i8, ptr %qa, i64 {64 * k + B * h}",
+                f"  %v{u} = load {vb}, ptr %va{u}, align 64",
+            ]
+            if q4:
+                s += [
+                    f"  %lo{u} = and {vb} %v{u}, {_splat('i8', B, 15)}",
+                    f"  %hi{u} = lshr {vb} %v{u}, {_splat('i8', B, 4)}",
+                ]
+                ops[(k, h)], ops[(4 + k, h)] = f"%lo{u}", f"%hi{u}"
+            elif path == "avx2":  # signed q_w back (xor 128), |q_w| for the sign trick
+                s += [
+                    f"  %sw{u} = xor {vb} %v{u}, {_splat('i8', B, -128)}",
+                    f"  %aw{u} = call {vb} @llvm.abs.v{B}i8({vb} %sw{u}, i1 false)",
+                ]
+                ops[(k, h)] = (f"%aw{u}", f"%sw{u}")
+            else:
+                ops[(k, h)] = f"%v{u}"
+    for h in range(H):  # the 16 rows' scales (and mins), as W floats per half
+        for nm, base in (("d", "%sb"), ("mw", "%mb")) if minsum else (("d", "%sb"),):
+            s += [
+                f"  %{nm}o{h} = add i64 %so, {2 * W * h}",
+                f"  %{nm}a{h} = getelementptr i8, ptr {base}, i64 %{nm}o{h}",
+                f"  %{nm}h{h} = load {vh}, ptr %{nm}a{h}, align 2",
+                f"  %{nm}w{h} = fpext {vh} %{nm}h{h} to {vf}",
+            ]
+    for r in range(g):
+        s += x_ir(r, W, path)
+        s += [f"  %xsa{r} = getelementptr i32, ptr %xs{r}, i64 %b"]
+        if minsum:
+            s += splat_load_ir(f"sxv{r}", "float", f"%xsa{r}", W)
+        elif path != "avx2" or q4:  # the offset's correction (AVX2's Q8_0 dots are signed;
+            s += splat_load_ir(f"ofv{r}", "i32", f"%xsa{r}", W)  # the driver multiplied it)
+        init = f"%ofv{r}" if (not minsum and (path != "avx2" or q4)) else "zeroinitializer"
+        for h in range(H):
+            u = f"{r}_{h}"
+            terms = [(ops[(j, h)], r, j) for j in range(8)]
+            s += _dot_ir(path, u, terms, init, "s8" if q4 else "sign", g, W)
+            s += [
+                f"  %f{u} = sitofp {vi} %i{u} to {vf}",
+                f"  %sc{u} = fmul {vf} %dw{h}, %dxv{r}",
+                f"  %an{u} = call {vf} @llvm.fma.v{W}f32({vf} %sc{u}, {vf} %f{u}, {vf} %a{u})",
+            ]
+            if minsum:
+                s += [f"  %mn{u} = call {vf} @llvm.fma.v{W}f32({vf} %mww{h}, {vf} %sxv{r},"
+                      f" {vf} %m{u})"]  # fmt: skip
+    return s
+
+
+def _dot_ir(path: str, u: str, terms: list, init: str, kind: str, g: int, W: int) -> list[str]:
+    """%i{u}: init + the sum of the terms (weight operand, x row, x word) as int32 lanes.
+
+    On AVX2 (``vpmaddubsw``: int16 pairs, then ``vpmaddwd``) by the weight's range, ``kind``:
+    "s8" (nibbles: 8 products of |pair| <= 2 * 15 * 127 summed in int16), "u6" (Q6_K's 6-bit
+    values: |pair| <= 2 * 63 * 127, two at a time), "sign" (Q8_0: weight operands are
+    (|q_w|, q_w) for the sign trick, |pair| <= 2 * 128 * 127, each widened alone).
+    """
     B = 4 * W
     vb, vi = f"<{B} x i8>", f"<{W} x i32>"
     s = []
@@ -293,29 +335,24 @@ def _dot_ir(path: str, u: str, terms: list, init: str, q4: bool, g: int, W: int)
     prods = []
     for t, (wop, r, j) in enumerate(terms):
         xop = f"%eb{r}_{j}"
-        if not q4:  # sign trick: |q_w| (unsigned) times sign(q_w) * q_x
-            s += [f"  %sg{u}_{t} = call {vb} @llvm.x86.avx2.psign.b({vb} %eb{r}_{j}, {vb}"
-                  f" %sw{wop[3:]})"]  # fmt: skip
+        if kind == "sign":  # |q_w| (unsigned) times sign(q_w) * q_x
+            wop, sw = wop
+            s += [f"  %sg{u}_{t} = call {vb} @llvm.x86.avx2.psign.b({vb} %eb{r}_{j}, {vb} {sw})"]
             xop = f"%sg{u}_{t}"
         s += [f"  %pm{u}_{t} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({vb} {wop}, {vb} {xop})"]
         prods.append(f"%pm{u}_{t}")
-    if q4:  # 8 products of |pair| <= 2 * 15 * 127 each: their int16 sum cannot overflow
-        acc = prods[0]
-        for t, p in enumerate(prods[1:]):
-            s += [f"  %ps{u}_{t} = add <16 x i16> {acc}, {p}"]
-            acc = f"%ps{u}_{t}"
-        s += [
-            f"  %pw{u} = call {vi} @llvm.x86.avx2.pmadd.wd(<16 x i16> {acc}, <16 x i16> {ones})",
-            f"  %i{u} = add {vi} %pw{u}, {init}",
-        ]
-        return s
+    per = {"s8": len(prods), "u6": 2, "sign": 1}[kind]  # products one int16 sum can take
     acc = init
-    for t, p in enumerate(prods):  # Q8_0: |pair| <= 2 * 128 * 127, widened one by one
+    for c in range(0, len(prods), per):
+        part = prods[c]
+        for t, p in enumerate(prods[c + 1 : c + per]):
+            s += [f"  %ps{u}_{c}_{t} = add <16 x i16> {part}, {p}"]
+            part = f"%ps{u}_{c}_{t}"
         s += [
-            f"  %pw{u}_{t} = call {vi} @llvm.x86.avx2.pmadd.wd(<16 x i16> {p}, <16 x i16> {ones})",
-            f"  %pa{u}_{t} = add {vi} {acc}, %pw{u}_{t}",
+            f"  %pw{u}_{c} = call {vi} @llvm.x86.avx2.pmadd.wd(<16 x i16> {part}, <16 x i16> {ones})",
+            f"  %pa{u}_{c} = add {vi} {acc}, %pw{u}_{c}",
         ]
-        acc = f"%pa{u}_{t}"
+        acc = f"%pa{u}_{c}"
     s += [f"  %i{u} = add {vi} {acc}, zeroinitializer"]
     return s
 
@@ -365,22 +402,32 @@ _run = None  # kernels.cpu.pool's ember_pool_run (ExternalFunction)
 _CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
 
 
-def _driver_py(f, w, n, nb, x, y, xq, xd, xs, xi, chunk, ctrl, fns, gmax):  # pragma: no cover
-    """y (M, n) = x @ W.T for W's panels w (format f, n rows, nb blocks per row), x float32.
+def _driver_py(f, w, n, nb, x, y, xq, xd, xs, xi, xh, chunk, ctrl, fns, gmax):  # pragma: no cover
+    """y (M, n) = x @ W.T for W's panels w (format f, n rows), x float32 (M, 32 nb).
 
     Quantizes x, then hands chunks of ``chunk`` rows (a multiple of 16) to kernels.cpu.pool;
     each chunk runs the kernel for every group of up to gmax rows of x (fns: the kernels for
-    1..gmax rows, format-major). xq, xd, xs, xi: scratch for x's blocks from the caller.
-    Returns the cycles the caller waited.
+    1..gmax rows, format-major). xq, xd, xs, xi, xh: scratch for x's blocks from the caller
+    (xh: Q6_K's half-block sums). Returns the cycles the caller waited.
     """
     m, k = x.shape
     _q8(x.ctypes.data, m, k, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, xi.ctypes.data)
-    if f != 2:  # the offsets' corrections: -128 sum(q) (Q8_0's unsigned bytes), -8 sum(q)
+    sa = xi.ctypes.data
+    if f == 0 or f == 1:  # the offsets' corrections: -128 sum(q) (Q8_0's unsigned bytes), -8
         off = -128 if f == 0 else -8
         for i in range(m):
             for b in range(nb):
                 xi[i, b] *= off
-    sa = xs.ctypes.data if f == 2 else xi.ctypes.data
+    elif f == 2:
+        sa = xs.ctypes.data
+    else:  # Q6_K: -32 sum(q) of each half block (a scale covers 16 values)
+        sa = xh.ctypes.data
+        for i in range(m):
+            for b in range(2 * nb):
+                t = 0
+                for j in range(16):
+                    t += xq[i, 16 * b + j]
+                xh[i, b] = -32 * t
     ctrl[_CHUNK] = chunk
     ctrl[_ROWS] = n
     ctrl[_WI] = w.ctypes.data
@@ -398,7 +445,7 @@ def _driver_py(f, w, n, nb, x, y, xq, xd, xs, xi, chunk, ctrl, fns, gmax):  # pr
         ctrl[o] = fns[gmax * f + g - 1]
         ctrl[o + 1] = xq.ctypes.data + m0 * k
         ctrl[o + 2] = xd.ctypes.data + m0 * nb * 4
-        ctrl[o + 3] = sa + m0 * nb * 4
+        ctrl[o + 3] = sa + m0 * nb * (8 if f == 3 else 4)
         ctrl[o + 4] = y.ctypes.data + m0 * n * 4
     return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk)
 
@@ -461,9 +508,10 @@ def check(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray) 
         if not ok or not a.flags.c_contiguous:
             raise DTypeError(f"pdot: {name} must be a C-contiguous 2-d float32 array")
     k = x.shape[1]
-    nb = k // 32
+    e = _panels.BLOCK_ELEMENTS[qtype]
+    want = (-(-n // 16), _panels.panel_bytes(qtype, k // e))
     ok = isinstance(panels, np.ndarray) and panels.dtype == np.uint8 and panels.flags.c_contiguous
-    if not ok or k % 32 or nb < 1 or panels.shape != (-(-n // 16), _panels.panel_bytes(qtype, nb)):
+    if not ok or k % e or k < e or panels.shape != want:
         raise ShapeError(f"pdot: panels {getattr(panels, 'shape', None)} do not fit ({n}, {k})")
     if x.shape[0] < 1 or y.shape != (x.shape[0], n) or panels.ctypes.data % 64:
         raise ShapeError(f"pdot: x {x.shape} and y {y.shape} do not fit the weight {(n, k)}")
@@ -492,6 +540,7 @@ def bind(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray):
     xd = np.empty((m, nb), np.float32)
     xs = np.empty((m, nb), np.float32)
     xi = np.empty((m, nb), np.int32)
+    xh = np.empty((m, 2 * nb) if qtype == "Q6_K" else (1, 1), np.int32)
     rowb = panels.shape[1] // 16
     chunk = max(16, (CHUNK_BYTES // rowb) & ~15)
     driver, f, fns, ctrl, gmax = (
@@ -503,7 +552,7 @@ def bind(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray):
     )
 
     def run() -> None:
-        driver(f, panels, n, nb, x, y, xq, xd, xs, xi, chunk, ctrl(), fns, gmax)
+        driver(f, panels, n, nb, x, y, xq, xd, xs, xi, xh, chunk, ctrl(), fns, gmax)
 
     return run
 
