@@ -43,9 +43,10 @@ FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # format id = index
 G_MAX = {"zmm": 8, "ymm": 4, "avx2": 4}  # x rows per kernel call, by path
 CHUNK_BYTES = 1 << 16  # weight bytes per chunk of pool work (for one group of x rows)
 # bytes ahead of the current block that each block step prefetches, every line of it: one
-# line per block (PREFETCH 1024) left Q4_0 at M = 4 reading 13 GB/s from DRAM on one thread;
-# every line at 4096-8192 bytes 21-25 GB/s (ad-hoc sweep, loaded machine)
-PREFETCH = 8192
+# line per block at 1024 bytes left Q4_0 at M = 4 reading 13 GB/s from DRAM on one thread,
+# every line at 8192 about 25; 16384 gave 2 threads a few GB/s more again at M = 1-8 (ad-hoc
+# sweeps of bench/quant.py's layer, loaded machine; 32768 and chunks of 16-128 KB no better)
+PREFETCH = 16384
 _STATE: dict = {}
 
 
