@@ -7,15 +7,18 @@ to :class:`QuantKernels`, which compiles them on first use and runs them:
 * ``dq(w, lut, unit, r0, r1, out)``: rows ``[r0, r1)`` of W into a float32 tile, which BLAS
   multiplies for a prefill (M > SMALL_M).
 
-Up to ``INT_ROWS`` rows of x (decode, small batches and short prompts), Q4_0/Q4_1 (int8 x) and
-Q8_0 (float x, "Q8_0F") run the LLVM IR kernels of ``_idot``: one pass over the weight for all
-rows. The other formats' small
-batches (1 < M <= SMALL_M) run ``mv`` once per row of x: each a bandwidth-bound pass over the
-packed weight. (A numba body that decodes each block once for all M rows was 2-8x slower: with
-a local decoded block and local sums LLVM kept the loops scalar.)
+Q8_0, Q4_0, Q4_1 and Q6_K products of any size quantize x to int8 and run the LLVM IR kernels
+of ``_pdot`` on a copy of the weight repacked once in panels of 16 rows (``_panels``, kept on
+the QTensor): decode, batches and prefill alike. With ``EMBER_QUANT_REPACK=0``, up to
+``INT_ROWS`` rows of x, Q4_0/Q4_1 (int8 x) and Q8_0 (int8 x, or float x: "Q8_0F" under
+``EMBER_QUANT_DOT=float``) run ``_idot``'s kernels on the GGUF blocks where they lie: one pass
+over the weight for all rows. The other formats' small batches (1 < M <= SMALL_M) run ``mv``
+once per row of x: each a bandwidth-bound pass over the packed weight. (A numba body that
+decodes each block once for all M rows was 2-8x slower: with a local decoded block and local
+sums LLVM kept the loops scalar.)
 
-``w`` is always the (rows, blocks per row, bytes per block) uint8 view of the packed bytes
-(never a copy, never the whole matrix decoded). The loops over rows run in ``prange`` over
+``w`` is always the (rows, blocks per row, bytes per block) uint8 view of the GGUF bytes
+(never a copy, never the whole matrix decoded; the panels are the one copy). The loops over rows run in ``prange`` over
 chunks of rows; numba gives a parallel body ``noalias`` array arguments, which is what lets
 LLVM vectorize the inner loops without run-time overlap checks.
 

@@ -1,4 +1,6 @@
-"""Integer-dot products for Q8_0, Q4_0 and Q4_1 weights and 1..16 rows of x (decode, small batches).
+"""Integer-dot products for Q8_0, Q4_0 and Q4_1 weights and 1..16 rows of x (decode, small batches)
+on the GGUF blocks where they lie: the path of ``EMBER_QUANT_REPACK=0`` (by default products run
+``_pdot``'s kernels on weights repacked in panels) and of Q8_0 with float x.
 
 As llama.cpp does, each call quantizes the rows of x once to Q8 blocks (32 int8 values ``q``
 with one float32 scale ``d = max|x| / 127``, ``q = rint(x / d)``, and, for Q4_1's min term,
