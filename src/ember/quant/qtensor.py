@@ -49,6 +49,21 @@ class QTensor:
         q._packed = (None, packed)
         return q
 
+    def __getstate__(self) -> dict:  # pickle, copy.deepcopy (the 3-d view is rebuilt on use)
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_w3"}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self._w3 = None
+        packed = self._packed
+        if packed is not None and packed[1].ctypes.data % 64:  # the kernels read it aligned
+            raw = np.empty(packed[1].nbytes + 64, np.uint8)
+            off = -raw.ctypes.data % 64
+            copy = raw[off : off + packed[1].nbytes].reshape(packed[1].shape)
+            copy[...] = packed[1]
+            self._packed = (packed[0], copy)
+
     @property
     def data(self) -> np.ndarray:
         """The raw blocks, flat uint8."""

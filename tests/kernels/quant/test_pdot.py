@@ -330,3 +330,26 @@ def quant_invariant_rows(q):
     from ember.kernels.cpu import quant
 
     return quant.invariant_rows(q)
+
+
+def test_copies_keep_usable_panels():
+    """pickle and copy.deepcopy (optimize_for_inference copies a model) keep the panels, on a
+    64-byte boundary again, and a stacked weight stays panels only."""
+    import copy
+    import pickle
+
+    from ember.kernels.cpu import quant
+
+    rng = np.random.default_rng(13)
+    q = QTensor.from_float(rng.standard_normal((40, 96)).astype(np.float32), "Q4_1")
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    y = q.matmul_t(x)
+    s = quant.stack([q, q])
+    ys = s.matmul_t(x)
+    for c in (pickle.loads(pickle.dumps(q)), copy.deepcopy(q)):
+        assert c._packed[0] is c._data and c._packed[1].ctypes.data % 64 == 0
+        np.testing.assert_array_equal(c.matmul_t(x), y)
+    for c in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
+        assert c._data is None and c._packed[1].ctypes.data % 64 == 0
+        np.testing.assert_array_equal(c.matmul_t(x), ys)
+    assert s._data is None
