@@ -1,4 +1,4 @@
-"""Q8_0 / Q4_0 / Q4_1 weights repacked in panels of 16 rows, for the integer products of ``_pdot``.
+"""Q8_0 / Q4_0 / Q4_1 / Q6_K weights repacked in panels of 16 rows, for the integer products of ``_pdot``.
 
 In GGUF order a weight row's blocks follow each other, so an integer dot product (``_idot``)
 needs, for every block and every (weight row, x row) pair, its own fp16 scale conversion,
