@@ -52,3 +52,28 @@ def test_bad_malloc_value_is_a_clear_error():
     )
     assert out.returncode != 0
     assert "EMBER_MALLOC='jemalloc': expected one of keep, system" in out.stderr
+
+
+def test_release_file_pages(tmp_path):
+    """A view of a read-only memory map gives its pages back and still reads the same bytes;
+    any other array is left alone."""
+    import mmap
+
+    import numpy as np
+
+    from ember.memory import release_file_pages
+
+    data = np.random.default_rng(0).integers(0, 256, 5 * mmap.PAGESIZE, dtype=np.uint8)
+    path = tmp_path / "w.bin"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, np.uint8, 3 * mmap.PAGESIZE, 100)
+    assert int(view.sum()) == int(data[100 : 100 + 3 * mmap.PAGESIZE].sum())  # resident now
+    assert release_file_pages(view) == 2 * mmap.PAGESIZE  # the whole pages inside it
+    np.testing.assert_array_equal(view, data[100 : 100 + 3 * mmap.PAGESIZE])
+    anon = data.copy()
+    assert release_file_pages(anon) == 0
+    np.testing.assert_array_equal(anon, data)
+    del view
+    mm.close()

@@ -110,3 +110,37 @@ def allocate(make: Callable[[], Any], op: str, shape: tuple, dtype: Any) -> Any:
         if too_large(tuple(shape), np.dtype(dtype).itemsize):
             raise allocation_error(op, shape, dtype, e) from None
         raise
+
+
+def release_file_pages(a: np.ndarray) -> int:
+    """Drop this process's resident pages of an array that is a view of a read-only memory map
+    (``MADV_DONTNEED``): its resident set shrinks, the file stays mapped, and a later read of
+    the array faults its pages back in from the page cache. Returns the bytes released (0 for
+    any other array: anonymous memory would lose its contents)."""
+    import mmap
+
+    base = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or a.nbytes == 0:
+        return 0
+    try:
+        with memoryview(base) as view:
+            if not view.readonly:
+                return 0
+        start = np.frombuffer(base, np.uint8, 1).ctypes.data
+    except (ValueError, TypeError):  # closed, or empty
+        return 0
+    page = mmap.PAGESIZE
+    lo = a.ctypes.data - start
+    first = -(-lo // page) * page
+    last = (lo + a.nbytes) // page * page
+    if last <= first:
+        return 0
+    try:
+        base.madvise(mmap.MADV_DONTNEED, first, last - first)
+    except (OSError, ValueError):
+        return 0
+    return last - first

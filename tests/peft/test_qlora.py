@@ -202,8 +202,13 @@ def test_qlora_on_the_bundled_smollm2_q4_1(smollm2, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_gradient_checkpointing_gives_the_same_gradients(tiny, dropout):  # noqa: F811
+def test_gradient_checkpointing_gives_the_same_gradients(tiny, dropout, monkeypatch):  # noqa: F811
     from ember.peft import enable_gradient_checkpointing, prepare_model_for_kbit_training
+
+    # float x in the base's products: the checkpointed run's logits differ by ~1e-7 from the
+    # plain run's, which int8 activations turn into a flipped rounding now and then (a few
+    # gradient entries off by 1e-5); this test is about what checkpointing recomputes
+    monkeypatch.setattr(config, "QUANT_DOT", "float")
 
     cfg = LoraConfig(
         r=4,

@@ -17,9 +17,10 @@ each gets a forward that serves it from one stacked product:
 The stacked weight is built on first use and rebuilt when a layer's weight or bias is replaced.
 Float weights are not copied twice: each layer's parameter becomes a view of its rows in the
 stacked matrix, so in-place updates (an optimizer step) reach the stacked product too. Quantized
-weights (read-only, often memory-mapped) are copied once into the stacked matrix. ``PackedWeight``
-floats (``inference.pack``) stack into one packed matrix; each layer keeps its own panels (for
-the calls that run its own forward) on a view of the stacked values.
+weights (read-only, often memory-mapped) are copied once into the stacked matrix, by the kernels
+(``ember.kernels.cpu.quant.stack``): as the panels their products read, where they read panels.
+``PackedWeight`` floats (``inference.pack``) stack into one packed matrix; each layer keeps its
+own panels (for the calls that run its own forward) on a view of the stacked values.
 
 With a decode step's one-token input this turns three matrix-vector kernel calls into one (two
 for gate/up): the per-call overhead, and for quantized weights the pass over x, is paid once.
@@ -34,6 +35,7 @@ import numpy as np
 import ember
 from ember import nn
 from ember.device import CPU
+from ember.kernels.cpu import quant as quant_kernels
 from ember.kernels.cpu.gemm import PackedWeight, packed_panels
 from ember.nn import functional as F
 from ember.quant import QTensor
@@ -214,10 +216,8 @@ class _Stack:
         rows = [int(w.shape[0]) for w in ws]
         ends = np.cumsum([0, *rows])
         self.spans = [(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
-        if type(ws[0]) is QTensor:
-            k = int(ws[0].shape[1])
-            data = np.concatenate([w.data.reshape(r, -1) for w, r in zip(ws, rows)])
-            self.w = QTensor(data, ws[0].qtype, (int(ends[-1]), k))
+        if type(ws[0]) is QTensor:  # the kernels' stacked weight (panels, or the blocks)
+            self.w = quant_kernels.stack(ws)
             dt = np.dtype(np.float32)
         else:
             arrays = [w._data for w in ws]

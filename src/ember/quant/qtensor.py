@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.quant.formats import BlockFormat, as_bytes, block_format, dequantize, quantize
+from ember.quant.formats import BlockFormat, as_bytes, block_format, dequantize, nbytes_of, quantize
 
 
 class QTensor:
@@ -17,20 +17,67 @@ class QTensor:
     blocks run along the last dimension. The bytes are never copied: ``data`` is a view of
     whatever array was given. ``dtype`` is float32, the type of ``dequantize()`` and of the
     products.
+
+    Kernels that read a weight in another layout keep that copy in ``_packed`` as
+    ``(data it was made from, copy)`` (``ember.kernels.cpu.quant._panels``); a new ``data``
+    makes them pack again. A QTensor made by :meth:`packed_only` holds only such a copy (the
+    stacked q/k/v and gate/up weights of ``ember.inference.stack``): its ``data`` is unpacked
+    from it on first access.
     """
 
-    __slots__ = ("data", "qtype", "shape", "_fmt", "_w3")
+    __slots__ = ("_data", "qtype", "shape", "_fmt", "_w3", "_packed")
 
     dtype = np.dtype(np.float32)
 
     def __init__(self, data: np.ndarray, qtype: str, shape: Sequence[int]) -> None:
         fmt = block_format(qtype)
         shape = tuple(int(s) for s in shape)
-        self.data = as_bytes(data, fmt, shape, f"QTensor({fmt.name}, {shape})")
+        self._data: np.ndarray | None = as_bytes(data, fmt, shape, f"QTensor({fmt.name}, {shape})")
         self.qtype = fmt.name
         self.shape = shape
         self._fmt: BlockFormat = fmt
         self._w3: tuple | None = None  # (data, its 3-d view), see blocks3d
+        self._packed: tuple | None = None  # (data or None, the kernels' copy), see above
+
+    @classmethod
+    def packed_only(cls, qtype: str, shape: Sequence[int], packed) -> QTensor:
+        """A QTensor whose bytes exist only in a kernel's layout (``packed``); ``data`` is
+        unpacked from it when something asks for it (``ember.kernels.cpu.quant.unpacked``)."""
+        q = cls.__new__(cls)
+        fmt = block_format(qtype)
+        q._data, q.qtype, q.shape, q._fmt, q._w3 = None, fmt.name, tuple(shape), fmt, None
+        q._packed = (None, packed)
+        return q
+
+    def __getstate__(self) -> dict:  # pickle, copy.deepcopy (the 3-d view is rebuilt on use)
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_w3"}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self._w3 = None
+        packed = self._packed
+        if packed is not None and packed[1].ctypes.data % 64:  # the kernels read it aligned
+            raw = np.empty(packed[1].nbytes + 64, np.uint8)
+            off = -raw.ctypes.data % 64
+            copy = raw[off : off + packed[1].nbytes].reshape(packed[1].shape)
+            copy[...] = packed[1]
+            self._packed = (packed[0], copy)
+
+    @property
+    def data(self) -> np.ndarray:
+        """The raw blocks, flat uint8."""
+        d = self._data
+        if d is None:
+            from ember.kernels.cpu.quant import unpacked
+
+            d = self._data = as_bytes(unpacked(self), self._fmt, self.shape, "QTensor.data")
+            self._packed = (d, self._packed[1])  # the copy stays valid for these bytes
+        return d
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:  # checked where it is used (blocks3d)
+        self._data = value
 
     @classmethod
     def from_float(cls, array: np.ndarray, qtype: str) -> QTensor:
@@ -46,7 +93,7 @@ class QTensor:
     @property
     def nbytes(self) -> int:
         """Bytes of packed storage (what a matrix-vector product reads)."""
-        return int(self.data.nbytes)
+        return int(nbytes_of(self.shape, self._fmt))
 
     @property
     def numel(self) -> int:

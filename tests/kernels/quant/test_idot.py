@@ -1,9 +1,11 @@
-"""The int8-activation kernels of ember.kernels.cpu.quant._idot (Q8_0, Q4_0, Q4_1, 1..16 rows).
+"""The int8-activation kernels of Q8_0, Q4_0, Q4_1: ember.kernels.cpu.quant._pdot on the
+weights repacked in panels (the default), and _idot on the GGUF blocks (EMBER_QUANT_REPACK=0).
 
-Three checks: the kernels against a float64 product of the same quantized x (kernel bugs, at
-float32 tolerance), the whole product against the dequantized weight times the float x (the
-activation quantization's error, within the bound its step gives), and batch invariance (row i
-of an M-row product is bitwise the product of x[i] alone, at every thread count and split).
+Three checks, for both layouts: the kernels against a float64 product of the same quantized x
+(kernel bugs, at float32 tolerance), the whole product against the dequantized weight times the
+float x (the activation quantization's error, within the bound its step gives), and batch
+invariance (row i of an M-row product is bitwise the product of x[i] alone, at every thread
+count and split). test_pdot.py has the panel layout's own tests.
 """
 
 import os
@@ -16,7 +18,7 @@ import pytest
 from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels import registry
-from ember.kernels.cpu.quant import _common, _idot
+from ember.kernels.cpu.quant import _common, _idot, _pdot, _q8x
 from ember.quant import QTensor, quantize_array
 from tests.helpers import _thread_counts, check_kernel, threads_set
 from tests.quant.conftest import random_blocks
@@ -115,6 +117,7 @@ def schedule(request, monkeypatch):
     """How kernels.cpu.pool splits the weight's rows: one chunk, or chunks of two rows (which
     the worker threads share with the caller)."""
     monkeypatch.setattr(_idot, "CHUNK_BYTES", 1 << 40 if request.param == "one chunk" else 1)
+    monkeypatch.setattr(_pdot, "CHUNK_BYTES", 1 << 40 if request.param == "one chunk" else 1)
     return request.param
 
 
@@ -125,15 +128,22 @@ def _int8(monkeypatch):
     monkeypatch.setattr(_common, "INT_DOT_FORMATS", tuple(FORMATS))
 
 
-def test_the_formats_use_the_integer_kernels(monkeypatch):
+@pytest.fixture(params=["panels", "gguf"])
+def layout(request, monkeypatch):
+    """The weight repacked in panels (_pdot, the default) or read as GGUF blocks (_idot)."""
+    monkeypatch.setattr(config, "QUANT_REPACK", request.param == "panels")
+    return request.param
+
+
+def test_the_formats_use_the_integer_kernels(monkeypatch, layout):
     for q in FORMATS:
-        assert _load(q).int_dot()
-    assert not _load("Q4_K").int_dot()
+        assert _load(q).int_dot() and _load(q).panel_dot() == (layout == "panels")
+    assert not _load("Q4_K").int_dot() and not _load("Q4_K").panel_dot()
     monkeypatch.undo()
-    monkeypatch.setattr(config, "QUANT_DOT", "int8")  # the defaults: all three
-    assert all(_load(q).int_dot() for q in FORMATS)
+    monkeypatch.setattr(config, "QUANT_DOT", "int8")  # the defaults: all three, on panels
+    assert all(_load(q).int_dot() and _load(q).panel_dot() for q in FORMATS)
     monkeypatch.setattr(config, "QUANT_DOT", "float")
-    assert not any(_load(q).int_dot() for q in FORMATS)
+    assert not any(_load(q).int_dot() or _load(q).panel_dot() for q in FORMATS)
 
 
 def test_quantization_matches_numpy():
@@ -141,18 +151,19 @@ def test_quantization_matches_numpy():
     x = _x(rng, 5, 96)
     x[2, 32:64] = 0  # a zero block: scale 0, values 0
     x[3, 5] = 127 / 2 * 1e-3  # exactly halfway cases round to even, as np.rint does
-    q, d, s = _idot.quantize_rows(x)
+    q, d, s, t = _q8x.quantize_rows(x)
     wq, wd, ws = _quantize_np(x)
     np.testing.assert_array_equal(q, wq)
     np.testing.assert_array_equal(d, wd)
     np.testing.assert_array_equal(s, ws)
+    np.testing.assert_array_equal(t, q.reshape(5, 3, 32).sum(axis=2, dtype=np.int32))
     assert np.abs(x - np.repeat(d, 32, axis=1) * q).max() <= d.max() / 2 * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("k", [32, 96, 576, 1536])
 @pytest.mark.parametrize("n", [1, 7, 37])
-def test_kernel_matches_the_same_quantized_x(qtype, k, n, schedule):
+def test_kernel_matches_the_same_quantized_x(qtype, k, n, schedule, layout):
     qk = _kernels(qtype)
     rng = np.random.default_rng(k + n)
     w3 = _w3(rng, qtype, n, k)
@@ -165,7 +176,7 @@ def test_kernel_matches_the_same_quantized_x(qtype, k, n, schedule):
 
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("k", [32, 96, 576, 1536])
-def test_error_within_the_q8_step_bound(qtype, k):
+def test_error_within_the_q8_step_bound(qtype, k, layout):
     """|y - W x| <= sum_b d_b / 2 * sum_j |w_bj| (+ float32 rounding), against float64."""
     qk = _kernels(qtype)
     rng = np.random.default_rng(k)
@@ -187,7 +198,7 @@ def test_error_within_the_q8_step_bound(qtype, k):
 
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("threads", _thread_counts())
-def test_batch_invariance(qtype, threads, schedule):
+def test_batch_invariance(qtype, threads, schedule, layout):
     qk = _kernels(qtype)
     rng = np.random.default_rng(11)
     n, k = 75, 96  # rows not a multiple of any chunk
@@ -212,7 +223,7 @@ def _q(w3, qtype):
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_linear_q_registered_kernel(qtype):
+def test_linear_q_registered_kernel(qtype, layout):
     (kernel,) = [k for k in registry.kernels("linear_q") if k.name == f"linear_{qtype.lower()}"]
     rng = np.random.default_rng(5)
     n, k = 38, 576
@@ -235,6 +246,11 @@ def test_linear_q_registered_kernel(qtype):
             kernel, lambda x, b, qweight, want=want: want + b, [((x, b), {"qweight": q})], rtol=1e-6,
             atol=atol + 1e-6,
         )  # fmt: skip
+    if _kernels(qtype).panel_dot():  # a prompt of more rows than one pool job takes: split
+        x = _x(rng, _pdot.max_rows() + 3, k)
+        atol = 2e-6 * float(_terms(qtype, w3, x).max())
+        np.testing.assert_allclose(kernel.fn(x, qweight=q), ref(w3, x), rtol=1e-6, atol=atol)
+        return
     # one row more than the integer kernels take: the prefill path (float weights, BLAS)
     # (float32 rounding, against the scale of the terms: w's first row is 30x the others, so
     # elementwise tolerances fail on cancelled entries)
@@ -245,7 +261,7 @@ def test_linear_q_registered_kernel(qtype):
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_non_finite_rows(qtype):
+def test_non_finite_rows(qtype, layout):
     qk = _kernels(qtype)
     rng = np.random.default_rng(9)
     w3 = _w3(rng, qtype, 9, 96)
@@ -320,8 +336,10 @@ def test_wide_kernels_compile():
 
 _SCRIPT = """
 import numpy as np, zlib
+from ember import config
 from ember.kernels import registry
 from ember.kernels.cpu.quant import _common
+config.QUANT_REPACK = False  # _idot's loops (test_pdot.py runs the same for the panels)
 from tests.quant.conftest import random_blocks
 registry.kernels("linear_q")
 _common.INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")

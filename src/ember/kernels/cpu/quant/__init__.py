@@ -67,6 +67,30 @@ def invariant_rows(qweight) -> int:
     return SMALL_M
 
 
+def stack(qweights: list):
+    """One 2-d QTensor of the rows of QTensors of one format and width (``inference.stack``'s
+    q/k/v and gate/up): only the kernels' panels where products run on panels (no GGUF-order
+    copy), else the concatenated blocks."""
+    from ember.kernels.cpu.quant import _panels
+    from ember.kernels.cpu.quant._common import FORMATS
+    from ember.quant.qtensor import QTensor
+
+    registry.kernels("linear_q")  # imports the format modules (they fill FORMATS)
+    q0 = qweights[0]
+    fmt = FORMATS.get(q0.qtype)
+    if fmt is not None and config.KERNELS != "reference" and fmt.panel_dot():
+        return _panels.stacked(qweights)
+    data = np.concatenate([w.data.reshape(w.shape[0], -1) for w in qweights])
+    return QTensor(data, q0.qtype, (sum(w.shape[0] for w in qweights), q0.shape[1]))
+
+
+def unpacked(qweight) -> np.ndarray:
+    """The GGUF blocks of a QTensor that holds only a kernel's copy (``QTensor.packed_only``)."""
+    from ember.kernels.cpu.quant import _panels
+
+    return _panels.unpacked(qweight)
+
+
 def dequantize_rows(qweight, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
     """Rows ``[r0, r1)`` of a 2-d QTensor as float32, by its format's kernel where it has one."""
     from ember.kernels.cpu.quant._common import FORMATS

@@ -7,15 +7,18 @@ to :class:`QuantKernels`, which compiles them on first use and runs them:
 * ``dq(w, lut, unit, r0, r1, out)``: rows ``[r0, r1)`` of W into a float32 tile, which BLAS
   multiplies for a prefill (M > SMALL_M).
 
-Up to ``INT_ROWS`` rows of x (decode, small batches and short prompts), Q4_0/Q4_1 (int8 x) and
-Q8_0 (float x, "Q8_0F") run the LLVM IR kernels of ``_idot``: one pass over the weight for all
-rows. The other formats' small
-batches (1 < M <= SMALL_M) run ``mv`` once per row of x: each a bandwidth-bound pass over the
-packed weight. (A numba body that decodes each block once for all M rows was 2-8x slower: with
-a local decoded block and local sums LLVM kept the loops scalar.)
+Q8_0, Q4_0, Q4_1 and Q6_K products of any size quantize x to int8 and run the LLVM IR kernels
+of ``_pdot`` on a copy of the weight repacked once in panels of 16 rows (``_panels``, kept on
+the QTensor): decode, batches and prefill alike. With ``EMBER_QUANT_REPACK=0``, up to
+``INT_ROWS`` rows of x, Q4_0/Q4_1 (int8 x) and Q8_0 (int8 x, or float x: "Q8_0F" under
+``EMBER_QUANT_DOT=float``) run ``_idot``'s kernels on the GGUF blocks where they lie: one pass
+over the weight for all rows. The other formats' small batches (1 < M <= SMALL_M) run ``mv``
+once per row of x: each a bandwidth-bound pass over the packed weight. (A numba body that
+decodes each block once for all M rows was 2-8x slower: with a local decoded block and local
+sums LLVM kept the loops scalar.)
 
-``w`` is always the (rows, blocks per row, bytes per block) uint8 view of the packed bytes
-(never a copy, never the whole matrix decoded). The loops over rows run in ``prange`` over
+``w`` is always the (rows, blocks per row, bytes per block) uint8 view of the GGUF bytes
+(never a copy, never the whole matrix decoded; the panels are the one copy). The loops over rows run in ``prange`` over
 chunks of rows; numba gives a parallel body ``noalias`` array arguments, which is what lets
 LLVM vectorize the inner loops without run-time overlap checks.
 
@@ -36,7 +39,7 @@ import numpy as np
 from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu import have_numba, jit, numba_or_none
-from ember.kernels.cpu.quant import _idot
+from ember.kernels.cpu.quant import _idot, _panels, _pdot
 from ember.quant.formats import block_format, dequantize
 
 F32 = np.float32
@@ -45,13 +48,14 @@ U8 = np.uint8
 # integer kernel reads the bundled model's 49152-row head 1.6x faster than its float-x one
 # (1279 vs 2080 us at 1 thread, 718 vs 1105 at 2; an ad-hoc run on Zen 5), which stays for
 # EMBER_QUANT_DOT=float.
-INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
+INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # (Q6_K: on panels only)
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 # up to this many rows of x the _idot kernels beat decoding float32 tiles for BLAS (an ad-hoc
 # 2-thread sweep of the bundled SmolLM2's products on AVX-512 VNNI: up to 128-192 rows for
 # Q4_1, 32-48 for the Q8_0 head; its 17-token prompt took 134 ms through the tiles, 75 through
 # the kernels; the 256-bit loop led to about 64 rows, and was level at 128)
 INT_ROWS = {"wide": 128, "int": 64, "Q8_0F": 32}
+PANEL_ROWS = 1 << 62  # the panel kernels (_pdot) take every product: they are a GEMM too
 TILE_ELEMENTS = 1 << 20  # a single-threaded prefill tile holds about this many float32 weights
 THREAD_TILE_BYTES = 1 << 19  # a tile of a multi-threaded prefill: decoded rows stay in L2
 PREFILL_TILES_PER_THREAD = 4  # ... and a weight makes at least this many tiles per thread
@@ -320,10 +324,19 @@ class QuantKernels:
 
     def int_dot(self) -> bool:
         """Whether small products (``int_rows``) run the integer kernels here."""
-        return self.qtype in INT_DOT_FORMATS and _idot.available()
+        if self.qtype not in INT_DOT_FORMATS:
+            return False
+        return self.panel_dot() or (self.qtype in _idot.SPECS and _idot.available())
+
+    def panel_dot(self) -> bool:
+        """Whether products of any size run the panel kernels (``_pdot``) on a copy of the
+        weight repacked once (``_panels``)."""
+        return self.qtype in INT_DOT_FORMATS and self.qtype in _pdot.FORMATS and _pdot.available()
 
     def int_rows(self) -> int:
-        """Up to how many rows of x a product runs the ``_idot`` kernels (0: never)."""
+        """Up to how many rows of x a product runs the ``_idot`` / ``_pdot`` kernels (0: never)."""
+        if self.panel_dot():
+            return PANEL_ROWS
         kernel = self.small_kernel()
         if kernel is None:
             return 0
@@ -332,16 +345,25 @@ class QuantKernels:
         return INT_ROWS["wide" if _idot.state()["wide"] else "int"]
 
     def small_kernel(self) -> str | None:
-        """The ``_idot`` kernel for products of up to ``int_rows()`` rows here, if any: the
-        integer one, or Q8_0's float-x one ("Q8_0F")."""
+        """The ``_idot`` / ``_pdot`` kernel for products of up to ``int_rows()`` rows here, if
+        any: the integer one, or Q8_0's float-x one ("Q8_0F")."""
         if self.int_dot():
             return self.qtype
         if self.qtype == "Q8_0" and _idot.state() is not None:
             return "Q8_0F"
         return None
 
-    def _int_product(self, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """``x @ W.T`` by the ``_idot`` kernels (x float32 (M, K), C-contiguous, 1 <= M)."""
+    def _int_product(self, w3: np.ndarray, x: np.ndarray, qweight=None) -> np.ndarray:
+        """``x @ W.T`` by the ``_pdot`` kernels on W's panels (kept on ``qweight``, or packed for
+        this call), else the ``_idot`` ones (x float32 (M, K), C-contiguous, 1 <= M)."""
+        if self.panel_dot():
+            n = qweight.shape[0] if w3 is None else w3.shape[0]
+            y = np.empty((x.shape[0], n), F32)
+            p = _panels.pack(w3, self.qtype) if qweight is None else _panels.panels_of(qweight)
+            _pdot.product(self.qtype, p, n, x, y)
+            return y
+        if w3 is None:
+            w3 = qweight.blocks3d()
         y = np.empty((x.shape[0], w3.shape[0]), F32)
         _idot.product(self.small_kernel(), w3, x, y)
         return y
@@ -406,16 +428,17 @@ class QuantKernels:
     # ---------------------------------------------------------------- the linear_q kernel
     def linear(self, x: np.ndarray, b: np.ndarray | None = None, *, qweight) -> np.ndarray:
         """``x @ W.T + b`` for float32 x (..., K) and a 2-d QTensor W of this format."""
-        w3 = qweight.blocks3d()
+        panels = self.panel_dot()  # (then W's blocks are not needed: they may not exist)
+        w3 = None if panels else qweight.blocks3d()
         n, k = qweight.shape
         if x.ndim == 0 or x.shape[-1] != k:
             raise ShapeError(f"linear({self.qtype}): x of shape {x.shape} does not fit {(n, k)}")
         lead = x.shape[:-1]
-        if x.size <= self.int_rows() * k:  # decode, small batches, short prompts
+        if x.size <= self.int_rows() * k:  # decode, small batches, short prompts (all: panels)
             x2 = x.reshape(-1, k)
             if x2.dtype != F32 or not x2.flags.c_contiguous:
                 x2 = np.ascontiguousarray(x2, dtype=F32)
-            out = self._int_product(w3, x2)
+            out = self._int_product(w3, x2, qweight)
         elif x.size == k:  # decode: one row, the matrix-vector kernel straight away
             xv = x.reshape(w3.shape[1], -1)
             if xv.dtype != F32 or not xv.flags.c_contiguous:
@@ -432,16 +455,19 @@ class QuantKernels:
         """``linear`` into out on these arrays, bound once (a captured step's product, see
         ember.nn.graph): one driver call, or None where it is not an ``_idot`` product."""
         n, k = qweight.shape
+        panels = self.panel_dot()
+        top = _pdot.max_rows() if panels else min(self.int_rows(), _idot.MAX_GROUPS_ROWS)
         ok = (
             x.dtype == F32 and x.flags.c_contiguous and out.dtype == F32 and out.flags.c_contiguous
-            and x.size <= min(self.int_rows(), _idot.MAX_GROUPS_ROWS) * k and x.ndim >= 1
-            and out.shape == x.shape[:-1] + (n,)
+            and x.size <= top * k and x.ndim >= 1 and out.shape == x.shape[:-1] + (n,)
         )  # fmt: skip
         if not ok:
             return None
-        run = _idot.bind(
-            self.small_kernel(), qweight.blocks3d(), x.reshape(-1, k), out.reshape(-1, n)
-        )
+        x2, y2 = x.reshape(-1, k), out.reshape(-1, n)
+        if panels:
+            run = _pdot.bind(self.qtype, _panels.panels_of(qweight), n, x2, y2)
+        else:
+            run = _idot.bind(self.small_kernel(), qweight.blocks3d(), x2, y2)
         if not b:
             return run
         bias = b[0]

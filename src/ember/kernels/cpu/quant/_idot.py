@@ -1,4 +1,6 @@
-"""Integer-dot products for Q8_0, Q4_0 and Q4_1 weights and 1..16 rows of x (decode, small batches).
+"""Integer-dot products for Q8_0, Q4_0 and Q4_1 weights and 1..16 rows of x (decode, small batches)
+on the GGUF blocks where they lie: the path of ``EMBER_QUANT_REPACK=0`` (by default products run
+``_pdot``'s kernels on weights repacked in panels) and of Q8_0 with float x.
 
 As llama.cpp does, each call quantizes the rows of x once to Q8 blocks (32 int8 values ``q``
 with one float32 scale ``d = max|x| / 127``, ``q = rint(x / d)``, and, for Q4_1's min term,
@@ -30,7 +32,7 @@ assert that bound against a float64 reference of the dequantized weight).
 
 The loops over weight rows are LLVM IR (``_kernel_ir``, one function per format and number of x
 rows g = 1..G_MAX), compiled with ``gemm.jit_ir`` and called by a numba driver (``_driver_py``)
-that quantizes x and hands chunks of weight rows to ``kernels.cpu.pool``'s threads (work
+that quantizes x (``_q8x``'s loop) and hands chunks of weight rows to ``kernels.cpu.pool``'s threads (work
 claiming: a late or preempted thread never holds the caller up); each chunk runs every group
 of G_MAX rows of x while its weight rows stay in cache.
 ``Q8_0F`` is the same loop for Q8_0 weights and float32 x (no quantization of x): each block
@@ -527,64 +529,29 @@ def _has_vnni(features: dict, isa: str) -> bool:
 
 
 # ------------------------------------------------------------------ numba driver
-_quantize = None  # quantize_rows_py compiled
+_q8 = None  # _q8x's ember_q8_rows (ExternalFunction)
 _run = _acquire = None  # kernels.cpu.pool's ember_pool_run and ember_pool_acquire
 # the pool's job words the driver fills (kernels.cpu.pool's layout), bound by _build
 _CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
 
 
-def quantize_rows_py(x, xq, xd, xs):  # pragma: no cover - compiled
-    """Rows of x (M, K) to Q8 blocks: xq int8 (M, K), scales xd, xs = xd * sum(q) (M, K / 32).
-
-    A block holding NaN or inf gets scale NaN (its products NaN, as the float product would be
-    non-finite); an all-zero block scale 0.
-    """
-    m, k = x.shape
-    for i in range(m):
-        for b in range(k // 32):
-            o = 32 * b
-            amax = np.float32(0.0)
-            s = np.float32(0.0)
-            for j in range(32):
-                v = x[i, o + j]
-                a = abs(v)
-                amax = a if a > amax else amax
-                s += v
-            if amax == np.inf or s != s:
-                xd[i, b] = np.float32(np.nan)
-                xs[i, b] = np.float32(np.nan)
-                for j in range(32):
-                    xq[i, o + j] = 0
-                continue
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            xd[i, b] = d
-            t = 0
-            for j in range(32):
-                q = np.rint(x[i, o + j] * inv)
-                q = min(max(q, np.float32(-127.0)), np.float32(127.0))
-                xq[i, o + j] = np.int8(q)
-                t += np.int32(q)
-            xs[i, b] = d * np.float32(t)
-
-
-def _driver_py(f, w, x, y, xq, xd, xs, chunk, ctrl, own, fns):  # pragma: no cover - compiled
+def _driver_py(f, w, x, y, xq, xd, xs, xi, chunk, ctrl, own, fns):  # pragma: no cover - compiled
     """y (M, N) = x @ W.T for W's (N, blocks, bytes) uint8 blocks of format f, x float32 (M, K).
 
     Quantizes x, then hands the weight's rows to ``kernels.cpu.pool`` in chunks of ``chunk``
     rows; each chunk runs the kernel for every group of up to G_MAX rows of x while its weight
     rows stay in cache. ``ctrl``: the pool's job block; ``own``: the caller's, used alone when
     another thread holds the pool's. ``fns``: the kernels' addresses, format-major. xq, xd,
-    xs: scratch for x's Q8 blocks, from the caller (the kernels see raw addresses only: arrays
-    allocated here could be freed by numba before the pool reads them). Returns the cycles
-    the caller waited.
+    xs, xi: scratch for x's Q8 blocks (``_q8x``), from the caller (the kernels see raw addresses
+    only: arrays allocated here could be freed by numba before the pool reads them). Returns the
+    cycles the caller waited.
     """
     m, k = x.shape
     n, nb, bs = w.shape
     fx = f >= 3  # Q8_0F and F32 read x as floats
     xb = 4 * k if fx else k  # bytes per row of what the kernels read: x, or its int8 blocks
     if not fx:
-        _quantize(x, xq, xd, xs)
+        _q8(x.ctypes.data, m, k, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, xi.ctypes.data)
     qa = x.ctypes.data if fx else xq.ctypes.data
     da, sa, ya = xd.ctypes.data, xs.ctypes.data, y.ctypes.data
     shared = _acquire(ctrl.ctypes.data)
@@ -616,6 +583,7 @@ def _build(nb, vnni: bool):
     from numba import types
 
     from ember.kernels.cpu import pool, vecmath
+    from ember.kernels.cpu.quant import _q8x
 
     g = globals()
     i64 = types.int64
@@ -625,8 +593,19 @@ def _build(nb, vnni: bool):
                  "GROUP_WORDS"):  # fmt: skip
         g[f"_{name}"] = getattr(pool, name)
     opts = dict(cache=True, nogil=True, error_model="numpy")
-    g["_quantize"] = nb.njit(**opts)(quantize_rows_py)  # no fast-math: numpy's roundings
-    return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool))
+    g["_q8"] = q8_symbol()
+    return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool, _q8x))
+
+
+def q8_symbol():
+    """_q8x's ``ember_q8_rows`` as a function numba drivers call (compiled once)."""
+    from numba import types
+
+    from ember.kernels.cpu.quant import _q8x
+
+    _q8x.state()
+    i64 = types.int64
+    return types.ExternalFunction("ember_q8_rows", types.void(i64, i64, i64, i64, i64, i64, i64))
 
 
 def state() -> dict | None:
@@ -713,6 +692,7 @@ def bind(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray):
     xq = np.empty((mq, kq), np.int8)
     xd = np.empty((mq, kq // 32), np.float32)
     xs = np.empty((mq, kq // 32), np.float32)
+    xi = np.empty((mq, kq // 32), np.int32)
     n, rowb = w3.shape[0], w3.shape[1] * w3.shape[2]
     # about CHUNK_BYTES of weight rows per chunk, per group of G_MAX rows of x that reads them
     groups = -(-m // G_MAX)
@@ -721,20 +701,6 @@ def bind(qtype: str, w3: np.ndarray, x: np.ndarray, y: np.ndarray):
     own = np.zeros(pool.CTRL_WORDS, np.int64)  # the job's block when another thread has the pool's
 
     def run() -> None:
-        driver(f, w3, x, y, xq, xd, xs, chunk, ctrl(), own, fns)
+        driver(f, w3, x, y, xq, xd, xs, xi, chunk, ctrl(), own, fns)
 
     return run
-
-
-def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x (M, K) float32 as the kernels quantize it: (int8 (M, K), scales d, d * sum(q) (M, K/32))."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] % 32:
-        raise ShapeError(f"quantize_rows: x must be (M, K) with K a multiple of 32, got {x.shape}")
-    if state() is None:
-        raise RuntimeError("quantize_rows: the integer kernels are not available here")
-    m, k = x.shape
-    out = np.empty((m, k), np.int8), np.empty((m, k // 32), np.float32)
-    out += (np.empty((m, k // 32), np.float32),)
-    _quantize(x, *out)
-    return out
