@@ -1,0 +1,215 @@
+"""Convolutions of an imported graph as ``fused_conv2d`` calls on packed, channels-last weights.
+
+A ``Conv`` (1-D or 2-D, no dilation, dense or depthwise) by a constant weight becomes one node
+that calls ember.inference.ops' ``fused_conv2d``, as ``optimize_for_inference`` makes a
+module tree's convolutions ``FusedConv2d``. The chain that follows the conv's output, while each
+value in it has that one reader and is no graph output, is folded in:
+
+- ``BatchNormalization`` (inference), and ``Mul``/``Div``/``Add``/``Sub`` by a constant that is
+  one value per output channel (or a scalar): into the weight and bias (float64 maths);
+- then an ``Add`` of another computed value: the residual of the GEMM's epilogue;
+- then ``Relu``, ``Clip(0, 6)`` or ``Clip(0, inf)``: its activation.
+
+The dense weight is a ``PackedWeight`` (the GEMM's panels, packed here once); the result is
+channels-last, which the next fused conv, max pool or global pool reads in place, so a network's
+activations stay NHWC from conv to conv and ops that care about layout (a reshape, a concat) make
+the one copy they need. A residual whose run-time shape is not the conv's output shape (one that
+broadcasts) is added after the conv instead, as the original ``Add`` would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.inference.ops import fused_conv2d
+from ember.kernels.cpu import gemm as G
+from ember.kernels.cpu import have_numba
+from ember.nn import functional as F
+from ember.onnx._ops_conv import _geometry
+from ember.onnx._optimize import Rewriter, fused_node
+from ember.tensor import Tensor
+
+_F32 = np.dtype(np.float32)
+
+
+def per_channel(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel (dim 1 of rank-`rank` data) or a
+    scalar, as a float64 (channels,) array; None for any other shape."""
+    if c.ndim > rank or c.dtype.kind != "f":
+        return None
+    shape = (1,) * (rank - c.ndim) + tuple(c.shape)
+    if any(s != 1 for i, s in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    v = c.astype(np.float64).reshape(-1)
+    return np.broadcast_to(v, (channels,)).copy()
+
+
+def _other(nd, name: str) -> str | None:
+    """The input of a two-input node that is not name (None when both are, or it has not two)."""
+    if len(nd.inputs) != 2 or nd.inputs.count(name) != 1:
+        return None
+    return nd.inputs[1] if nd.inputs[0] == name else nd.inputs[0]
+
+
+def _bn(rw: Rewriter, m, channels: int):
+    """(scale, shift) of an inference BatchNormalization with constant parameters, or None."""
+    if len(m.inputs) != 5 or m.attrs.get("training_mode", 0) or any(m.outputs[1:]):
+        return None
+    if m.attrs.opset < 9 and not m.attrs.get("spatial", 1):
+        return None
+    vals = [rw.const(n) for n in m.inputs[1:]]
+    if any(v is None or v.shape != (channels,) or v.dtype.kind != "f" for v in vals):
+        return None
+    gamma, beta, mean, var = (v.astype(np.float64) for v in vals)
+    s = gamma / np.sqrt(var + m.attrs.get("epsilon", 1e-5))
+    return s, beta - mean * s
+
+
+def _act(rw: Rewriter, m) -> str | None:
+    """The fused activation of a Relu ("relu") or a Clip to [0, 6] ("relu6") or [0, inf), or None."""
+    if m.op == "Relu":
+        return "relu"
+    if m.op != "Clip":
+        return None
+    if m.attrs.opset < 11:
+        lo, hi = m.attrs.get("min", None), m.attrs.get("max", None)
+    else:
+        bounds = []
+        for n in (m.inputs[1:] + ["", ""])[:2]:
+            if not n:
+                bounds.append(None)
+                continue
+            v = rw.const(n)
+            if v is None or v.size != 1:
+                return None
+            bounds.append(float(v.reshape(-1)[0]))
+        lo, hi = bounds
+    if lo == 0.0 and hi == 6.0:
+        return "relu6"
+    if lo == 0.0 and (hi is None or hi == float("inf")):
+        return "relu"
+    return None
+
+
+class _ConvRun:
+    """The fused node's function: act(conv(x) * scale + shift [+ residual]) via fused_conv2d."""
+
+    def __init__(self, conv_at, w: Tensor, b: Tensor, groups: int, act: str | None, nd: int):
+        self.conv_at, self.w, self.b = conv_at, w, b
+        self.groups, self.act, self.one_d = groups, act, nd == 1
+        self.k = list(w.shape[2:]) if nd == 2 else [w.shape[3]]
+
+    def __call__(self, at, x: Tensor, res: Tensor | None = None) -> Tensor:
+        s, _, lo, hi = _geometry(self.conv_at, list(x.shape[2:]), self.k)
+        if self.one_d:
+            x, stride, pads = x.unsqueeze(2), (1, s[0]), (0, 0, lo[0], hi[0])
+        else:
+            stride, pads = tuple(s), (lo[0], hi[0], lo[1], hi[1])
+        w, b, g, act = self.w, self.b, self.groups, self.act
+        if res is not None:
+            r = res.unsqueeze(2) if self.one_d and res.ndim == 3 else res
+            if tuple(r.shape) != self._out_shape(x, stride, pads) or r.dtype != x.dtype:
+                y = fused_conv2d(x, w, b, None, stride, pads, g, None)
+                y = (y.squeeze(2) if self.one_d else y) + res
+                return y if act is None else (F.relu(y) if act == "relu" else F.relu6(y))
+            res = r
+        y = fused_conv2d(x, w, b, res, stride, pads, g, act)
+        return y.squeeze(2) if self.one_d else y
+
+    def _out_shape(self, x: Tensor, stride, pads) -> tuple:
+        n, _, h, wd = x.shape
+        o, _, kh, kw = self.w.shape
+        (sh, sw), (pt, pb, pl, pr) = stride, pads
+        return (n, o, (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
+
+
+def _weight(w4: np.ndarray, pack: bool) -> Tensor:
+    t = Tensor._wrap(w4)
+    if pack:
+        t._data = G.PackedWeight(w4)  # set directly: wrapping would make it a plain array
+    return t
+
+
+def _fuse_one(rw: Rewriter, i: int) -> None:
+    nd = rw.nodes[i]
+    if len(nd.inputs) < 2 or not nd.outputs[0]:
+        return
+    w = rw.const(nd.inputs[1])
+    b = rw.const(nd.inputs[2]) if len(nd.inputs) > 2 and nd.inputs[2] else None
+    if w is None or w.dtype != _F32 or w.ndim not in (3, 4):
+        return
+    if len(nd.inputs) > 2 and nd.inputs[2] and (b is None or b.shape != w.shape[:1]):
+        return
+    at = nd.attrs
+    sp = w.ndim - 2
+    if list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
+        return
+    if any(d != 1 for d in at.get("dilations", [1] * sp)):
+        return
+    o, cg = w.shape[:2]
+    g = at.get("group", 1)
+    depthwise = g > 1 and cg == 1 and o == g
+    if g != 1 and not depthwise:
+        return
+    if not (have_numba() if depthwise else G.microkernels_available()):
+        return
+    rank = w.ndim
+    scale = np.ones(o)
+    shift = np.zeros(o) if b is None else b.astype(np.float64)
+    idxs, out, res, act = [i], nd.outputs[0], None, None
+    while act is None:
+        j = rw.sole_user(out)
+        m = rw.node(j)
+        if m is None or not m.outputs or not m.outputs[0]:
+            break
+        a = _act(rw, m) if m.inputs and m.inputs[0] == out else None
+        if a is not None:
+            act = a
+        elif res is None and m.op == "BatchNormalization" and m.inputs[0] == out:
+            sb = _bn(rw, m, o)
+            if sb is None:
+                break
+            scale, shift = scale * sb[0], shift * sb[0] + sb[1]
+        elif m.op in ("Mul", "Div", "Add", "Sub") and res is None:
+            other = _other(m, out)
+            if other is None:
+                break
+            c = rw.const(other)
+            v = None if c is None else per_channel(c, o, rank)
+            if c is not None and v is None:
+                break
+            if v is None:  # a computed value: the residual (Add only)
+                if m.op != "Add":
+                    break
+                res = other
+            elif m.op == "Mul":
+                scale, shift = scale * v, shift * v
+            elif m.op == "Div" and m.inputs[0] == out and np.all(v != 0):
+                scale, shift = scale / v, shift / v
+            elif m.op == "Add":
+                shift = shift + v
+            elif m.op == "Sub" and m.inputs[0] == out:
+                shift = shift - v
+            else:
+                break
+        else:
+            break
+        idxs.append(j)
+        out = m.outputs[0]
+    if np.all(scale == 1.0):
+        wf = w
+    else:
+        wf = (w.astype(np.float64) * scale.reshape(-1, *([1] * (rank - 1)))).astype(_F32)
+    w4 = wf if sp == 2 else wf[:, :, None, :]
+    wt = _weight(np.ascontiguousarray(w4), pack=not depthwise)
+    bt = Tensor._wrap(shift.astype(_F32))
+    run = _ConvRun(at, wt, bt, g, act, sp)
+    inputs = [nd.inputs[0]] + ([res] if res is not None else [])
+    rw.replace(idxs, fused_node("FusedConv", inputs, [out], run, nd))
+
+
+def fuse(rw: Rewriter) -> None:
+    """Make every suitable Conv (and the chain it heads) one fused node."""
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "Conv":
+            _fuse_one(rw, i)
