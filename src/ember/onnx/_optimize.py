@@ -14,6 +14,11 @@ on ember ops (``Graph.run``), only with fewer, bigger nodes:
    attention pattern ``F.scaled_dot_product_attention``, and the exporters' spelled-out GELU,
    hard swish and SiLU the ember ops of those names.
 
+Last, the nodes that compute from shapes and constants only (``Shape`` -> ``Gather`` ->
+``Concat`` -> ``Reshape`` targets, position ids, their embedding rows) remember their last results:
+a ``Shape`` node by its input's shape, the nodes after it by the very tensors they were given
+(``Memo``), so a model called again at the same input shapes skips their ops.
+
 A fused node keeps the ONNX semantics of what it replaced: a value that something else reads, or
 that the graph returns, is never fused away, and where a run-time shape does not suit the fused
 form (a broadcasting residual, a mask the attention kernel cannot take) the node computes the
@@ -145,6 +150,53 @@ def fold_constants(rw: Rewriter) -> None:
             rw.nodes[i] = None
 
 
+MEMO_ENTRIES = 4  # input shapes a static node remembers results for (b1 and b8 alternating...)
+
+
+class Memo:
+    """A static node's function with its last results remembered (see the module docstring).
+
+    A ``Shape``/``Size`` node is keyed by its input's shape, any other by the identity of its
+    inputs (constants, or tensors a memo handed out; the inputs are kept, so the identities
+    stay theirs). Ops are pure functions of their inputs, so a hit returns what the op would.
+    """
+
+    __slots__ = ("fn", "by_shape", "cache")
+
+    def __init__(self, fn: Callable, by_shape: bool) -> None:
+        self.fn, self.by_shape, self.cache = fn, by_shape, {}
+
+    def __call__(self, at: Attrs, *args):
+        if self.by_shape:
+            key = tuple(a.shape if a is not None else None for a in args)
+        else:
+            key = tuple(id(a) for a in args)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit[1]
+        out = self.fn(at, *args)
+        if len(self.cache) >= MEMO_ENTRIES:
+            self.cache.clear()
+        self.cache[key] = (None if self.by_shape else args, out)
+        return out
+
+
+_SHAPE_OPS = {"Shape", "Size"}
+
+
+def memoize_static(rw: Rewriter) -> None:
+    """Wrap the nodes that compute from shapes and constants only in a ``Memo``."""
+    static = set(rw.consts)
+    for nd in rw.nodes:
+        if nd is None or nd.op in _NO_FOLD or _subgraphs(nd):
+            continue
+        by_shape = nd.op in _SHAPE_OPS
+        if not by_shape and not all(not n or n in static for n in nd.inputs):
+            continue
+        nd.fn = Memo(nd.fn, by_shape)
+        static.update(o for o in nd.outputs if o)
+
+
 def optimize(graph: Graph) -> Graph:
     """Rewrite graph's nodes in place (see the module docstring); returns graph."""
     from ember.onnx import _fuse_conv, _fuse_dense
@@ -155,5 +207,6 @@ def optimize(graph: Graph) -> Graph:
     _fuse_conv.fuse(rw)
     rw.index()
     _fuse_dense.fuse(rw)
+    memoize_static(rw)
     rw.finish()
     return graph
