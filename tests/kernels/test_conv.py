@@ -42,9 +42,14 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
     K.im2col_reference(x, b, k, k, s, s, pt, pl, oh, ow)
     np.testing.assert_array_equal(a, b)
     wt, bias = _r(k, k, c), _r(c)
-    for act in (0, 1, 2):
+    old = K.DEPTHWISE_SERIAL_BELOW
+    for act, serial_below in ((0, old), (1, old), (2, old), (0, 0), (2, 0)):  # 0: parallel
         o1, o2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)
-        K.depthwise_nhwc(x, wt, bias, o1, s, s, pt, pl, act)
+        K.DEPTHWISE_SERIAL_BELOW = serial_below
+        try:
+            K.depthwise_nhwc(x, wt, bias, o1, s, s, pt, pl, act)
+        finally:
+            K.DEPTHWISE_SERIAL_BELOW = old
         K.depthwise_nhwc_reference(x, wt, bias, o2, s, s, pt, pl, act)
         np.testing.assert_allclose(o1, o2, atol=1e-5)
     m1, m2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)

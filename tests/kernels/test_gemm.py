@@ -57,7 +57,7 @@ def test_avx2_microkernels_match_reference_in_a_fresh_process():
         "from tests.kernels import test_gemm as t\n"
         "assert t.NR == 16, t.NR\n"
         "for case in t.CONV_CASES:\n"
-        "    t.test_conv_gemm_matches_reference(*case, 2)\n"
+        "    t.test_conv_gemm_matches_reference(*case, 2, True)\n"
         "t.test_linear_rows_match_reference(13, 33, 65)\n"
         "t.test_activations_keep_nan_like_torch()\n"
         "t.test_linear_kernel_matches_reference()\n"
@@ -80,7 +80,18 @@ CONV_CASES = [  # n, h, w, c, o, k, stride, pad
 
 @pytest.mark.parametrize("n,h,w,c,o,k,s,pad", CONV_CASES)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads, parallel):
+    # parallel: the driver's parallel region even for these small products (they run serially)
+    old = G.SERIAL_BELOW
+    G.SERIAL_BELOW = 0 if parallel else old
+    try:
+        _conv_gemm_case(n, h, w, c, o, k, s, pad, threads)
+    finally:
+        G.SERIAL_BELOW = old
+
+
+def _conv_gemm_case(n, h, w, c, o, k, s, pad, threads):
     a, rowoff, tapoff, _ = _conv_case(n, h, w, c, o, k, s, pad)
     for act, with_res in ((0, False), (1, True), (2, False)):
         _check(a, rowoff, tapoff, c, o, act, with_res, threads)

@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
+from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none, renamed
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
 
@@ -199,9 +199,10 @@ def _build_nhwc(nb):
                 for t in range(c):
                     d[t] = s[t]
 
+    serial = nb.njit(**opts)(renamed(depthwise.py_func, "serial"))
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
-        "copy4d": copy4d,
+        "copy4d": copy4d, "depthwise_serial": serial,
     }  # fmt: skip
 
 
@@ -213,6 +214,10 @@ def _kernels():
 
 
 # ------------------------------------------------------------------ NHWC entry points
+# depthwise convs of fewer multiply-adds run on the calling thread (see gemm.SERIAL_BELOW)
+DEPTHWISE_SERIAL_BELOW = 1 << 19
+
+
 def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
     """x (N, H, W, C) float32 contiguous -> out (N*OH*OW, kh*kw*C), zero padding."""
     k = _kernels()
@@ -226,7 +231,8 @@ def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
     k = _kernels()
     if k is None:
         return depthwise_nhwc_reference(x, w, bias, out, sh, sw, pt, pl, act)
-    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+    small = out.size * w.shape[0] * w.shape[1] < DEPTHWISE_SERIAL_BELOW
+    return k["depthwise_serial" if small else "depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
 
 
 def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:

@@ -46,7 +46,7 @@ import numpy as np
 
 from ember import config
 from ember.errors import DTypeError, ShapeError
-from ember.kernels.cpu import numba_or_none
+from ember.kernels.cpu import numba_or_none, renamed
 from ember.kernels.registry import register
 
 _STATE: dict = {}
@@ -391,7 +391,8 @@ def _build_driver(nb):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
     g["prange"] = nb.prange
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
-    return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py)
+    serial = nb.njit(nogil=True, cache=True)(renamed(_driver_py, "serial"))
+    return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py), serial
 
 
 def _state():
@@ -407,7 +408,7 @@ def _state():
             w, nv, mr = ISAS[isa]
             names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]
             _STATE.update(engine=jit_ir(_microkernels_ir(w, nv), names), nr=nv * w, mr=mr)
-            _STATE["driver"] = _build_driver(nb)
+            _STATE["driver"], _STATE["serial"] = _build_driver(nb)
     return _STATE
 
 
@@ -457,6 +458,9 @@ def microkernel():
     return None if st["isa"] is None else (_micro, st["mr"], st["nr"])
 
 
+# products of fewer multiply-adds than this run on the calling thread, as one task: a parallel
+# region's wake-up (the workers sleep between regions) costs more than the second thread saves
+SERIAL_BELOW = 1 << 21
 CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays in L1/L2)
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
@@ -477,6 +481,12 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None) -> 
     if m == 0:
         return out
     panels, mr = packed.shape[0], st["mr"]
+    if threads == 1 or m * o * packed.shape[1] < SERIAL_BELOW:  # waking the workers costs more
+        st["serial"](
+            a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None),
+            act, out, mr, 1, 1, CHUNK_PIXELS, K_BLOCK,
+        )  # fmt: skip
+        return out
     # one task per thread, the same split every call: the rows a thread writes in one layer are
     # the rows it reads in the next, from its own cache (measured: handing out 4 tasks per
     # thread from a shared counter cost ~2-3 ms of a ResNet-50 pass)
