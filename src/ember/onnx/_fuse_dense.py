@@ -37,11 +37,14 @@ MASK_DROPS_BELOW = -1e4  # an additive mask value at or below this drops the key
 class Replay:
     """The replaced nodes run as they were, on their own little environment (the fallback)."""
 
-    def __init__(self, nodes: list, inputs: list[str], output: str) -> None:
+    def __init__(self, nodes: list, inputs: list[str], output: str, consts: dict) -> None:
         self.nodes, self.inputs, self.output = nodes, inputs, output
+        names = {n for nd in nodes for n in nd.inputs}
+        self.consts = {k: v for k, v in consts.items() if k in names}
 
     def __call__(self, *args: Tensor | None) -> Tensor:
-        env = dict(zip(self.inputs, args))
+        env = dict(self.consts)
+        env.update(zip(self.inputs, args))
         for nd in self.nodes:
             out = nd.fn(nd.attrs, *[env.get(n) if n else None for n in nd.inputs])
             out = out if isinstance(out, (tuple, list)) else (out,)
@@ -112,7 +115,7 @@ def _fuse_matmul(rw: Rewriter, i: int) -> None:
             idxs.append(j)
             nodes.append(m)
             out = m.outputs[0]
-    replay = Replay(nodes, [nd.inputs[0]], out)
+    replay = Replay(nodes, [nd.inputs[0]], out, rw.consts)
     run = _LinearRun(_packed(w.T), b, b_rank, replay)
     rw.replace(idxs, fused_node("Linear", [nd.inputs[0]], [out], run, nd))
 
@@ -136,21 +139,9 @@ def _fuse_gemm(rw: Rewriter, i: int) -> None:
         if bias is None:
             return
         b = Tensor._wrap((bias.astype(np.float64) * beta).astype(_F32) if beta != 1.0 else bias)
-    rest = [n for n in nd.inputs[2:3] if n]
-    replay = Replay([nd], [nd.inputs[0], nd.inputs[1], *rest], nd.outputs[0])
-    consts = [rw.consts[n] for n in [nd.inputs[1], *rest]]
-    run = _LinearRun(_packed(wt), b, 0, _Bound(replay, consts))
+    replay = Replay([nd], [nd.inputs[0]], nd.outputs[0], rw.consts)
+    run = _LinearRun(_packed(wt), b, 0, replay)
     rw.replace([i], fused_node("Linear", [nd.inputs[0]], [nd.outputs[0]], run, nd))
-
-
-class _Bound:
-    """A replay with constant trailing inputs bound."""
-
-    def __init__(self, replay: Replay, consts: list) -> None:
-        self.replay, self.consts = replay, consts
-
-    def __call__(self, *args):
-        return self.replay(*args, *self.consts)
 
 
 # ---- attention -----------------------------------------------------------------------------
@@ -277,7 +268,7 @@ def _fuse_attention(rw: Rewriter, i: int) -> None:
     if q in rw.consts or kt in rw.consts:
         return
     inputs = [q, kt, pv.inputs[1]] + ([mask] if mask is not None else [])
-    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0]))
+    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0], rw.consts))
     rw.replace(idxs, fused_node("Attention", inputs, [pv.outputs[0]], run, sm))
 
 
@@ -309,7 +300,8 @@ def _finish_act(rw: Rewriter, x: str, nodes: list, idxs: list[int], fn, like, op
             if users is None or set(users) - inside:
                 return
     order = [nd for _, nd in sorted(zip(idxs, nodes), key=lambda t: t[0])]
-    rw.replace(idxs, fused_node(op, [x], [out], _ActRun(fn, Replay(order, [x], out)), like))
+    replay = Replay(order, [x], out, rw.consts)
+    rw.replace(idxs, fused_node(op, [x], [out], _ActRun(fn, replay), like))
 
 
 def _user_op(rw: Rewriter, name: str, op: str):
