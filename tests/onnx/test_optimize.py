@@ -114,6 +114,37 @@ def test_conv_chains_equal_the_plain_graph(c, o, k, s, g, attrs, tail):
         assert set(_ops(fast)) == {"FusedConv"}, _ops(fast)  # the tail went into the conv
 
 
+@pytest.mark.parametrize("act", ["hardswish_spelled", "HardSwish", "silu_spelled", "Relu", "none"])
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_conv_activation_then_scalar_affine_then_conv(act, depthwise):
+    """PP-OCR's blocks: conv, activation, x * a + b (scalars), the next conv."""
+    c = 6
+    g = c if depthwise else 1
+    consts = {"three": 3.0, "zero": 0.0, "six": 6.0, "a": 0.37, "b2": -0.2, "d": 4.0}
+    inits = [_t(k, np.array([v], np.float32)) for k, v in consts.items()]
+    inits += [_t("w", _r(c, c // g, 3, 3, scale=0.3)), _t("bias", _r(c)),
+              _t("w2", _r(5, c, 1, 1))]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "bias"], ["y"], group=g, pads=[1, 1, 1, 1])]
+    if act == "hardswish_spelled":
+        nodes += _hardswish_nodes("y", "h")
+    elif act == "silu_spelled":
+        nodes += [helper.make_node("Sigmoid", ["y"], ["sg"]),
+                  helper.make_node("Mul", ["y", "sg"], ["h"])]  # fmt: skip
+    elif act == "none":
+        nodes += [helper.make_node("Identity", ["y"], ["h"])]
+    else:
+        nodes += [helper.make_node(act, ["y"], ["h"])]
+    nodes += [helper.make_node("Mul", ["a", "h"], ["ha"]),
+              helper.make_node("Add", ["ha", "b2"], ["hb"]),
+              helper.make_node("Div", ["hb", "d"], ["hd"]),
+              helper.make_node("Sub", ["hd", "b2"], ["hs"]),
+              helper.make_node("Conv", ["hs", "w2"], ["out"])]  # fmt: skip
+    m = _model(nodes, [("x", F32, ["n", c, 7, 9])], ["out"], inits, opset=14)
+    fast = _both(m, [{"x": _r(n, c, 7, 9, scale=3.0)} for n in (1, 3)])
+    if G.microkernels_available() and act != "none":
+        assert _ops(fast) == ["FusedConv", "FusedConv"], _ops(fast)
+
+
 def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     c, o = 5, 7
     inits = [_t("w", _r(o, c, 3, 3, scale=0.3)), _t("b", _r(o)), _t("w2", _r(o, c, 1, 1))]

@@ -8,7 +8,9 @@ value in it has that one reader and is no graph output, is folded in:
 - ``BatchNormalization`` (inference), and ``Mul``/``Div``/``Add``/``Sub`` by a constant that is
   one value per output channel (or a scalar): into the weight and bias (float64 maths);
 - then an ``Add`` of another computed value: the residual of the GEMM's epilogue;
-- then ``Relu``, ``Clip(0, 6)`` or ``Clip(0, inf)``: its activation.
+- then ``Relu``, ``Clip(0, 6)``, ``Clip(0, inf)``, ``HardSwish`` or SiLU (``x * Sigmoid(x)``,
+  spelled out or not: the activation patterns are made single nodes first): its activation;
+- then ``Mul``/``Div``/``Add``/``Sub`` by a scalar constant: the op's scale and shift.
 
 The dense weight is a ``PackedWeight`` (the GEMM's panels, packed here once); the result is
 channels-last, which the next fused conv, max pool or global pool reads in place, so a network's
@@ -91,12 +93,18 @@ def _act(rw: Rewriter, m) -> str | None:
     return None
 
 
-class _ConvRun:
-    """The fused node's function: act(conv(x) * scale + shift [+ residual]) via fused_conv2d."""
+_ACT_OPS = {"HardSwish": "hardswish", "Silu": "silu"}  # single-node activations (onnx, or fused)
+_ACT_FNS = {"relu": F.relu, "relu6": F.relu6, "hardswish": F.hardswish, "silu": F.silu}
 
-    def __init__(self, conv_at, w: Tensor, b: Tensor, groups: int, act: str | None, nd: int):
+
+class _ConvRun:
+    """The fused node's function: act(conv'(x) + b' [+ residual]) * post_scale + post_shift."""
+
+    def __init__(self, conv_at, w: Tensor, b: Tensor, groups: int, act: str | None, nd: int,
+                 post: tuple[float, float] = (1.0, 0.0)) -> None:  # fmt: skip
         self.conv_at, self.w, self.b = conv_at, w, b
         self.groups, self.act, self.one_d = groups, act, nd == 1
+        self.scale, self.shift = post
         self.k = list(w.shape[2:]) if nd == 2 else [w.shape[3]]
 
     def __call__(self, at, x: Tensor, res: Tensor | None = None) -> Tensor:
@@ -105,15 +113,16 @@ class _ConvRun:
             x, stride, pads = x.unsqueeze(2), (1, s[0]), (0, 0, lo[0], hi[0])
         else:
             stride, pads = tuple(s), (lo[0], hi[0], lo[1], hi[1])
-        w, b, g, act = self.w, self.b, self.groups, self.act
+        w, b, g, act, sc, sh = self.w, self.b, self.groups, self.act, self.scale, self.shift
         if res is not None:
             r = res.unsqueeze(2) if self.one_d and res.ndim == 3 else res
             if tuple(r.shape) != self._out_shape(x, stride, pads) or r.dtype != x.dtype:
                 y = fused_conv2d(x, w, b, None, stride, pads, g, None)
-                y = (y.squeeze(2) if self.one_d else y) + res
-                return y if act is None else (F.relu(y) if act == "relu" else F.relu6(y))
+                y = (y.squeeze(2) if self.one_d else y) + res  # broadcasts, as the Add did
+                y = y if act is None else _ACT_FNS[act](y)
+                return y if sc == 1.0 and sh == 0.0 else y * sc + sh
             res = r
-        y = fused_conv2d(x, w, b, res, stride, pads, g, act)
+        y = fused_conv2d(x, w, b, res, stride, pads, g, act, sc, sh)
         return y.squeeze(2) if self.one_d else y
 
     def _out_shape(self, x: Tensor, stride, pads) -> tuple:
@@ -121,6 +130,22 @@ class _ConvRun:
         o, _, kh, kw = self.w.shape
         (sh, sw), (pt, pb, pl, pr) = stride, pads
         return (n, o, (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
+
+
+def _post(rw: Rewriter, m, out: str, post: tuple[float, float]) -> tuple[float, float] | None:
+    """(scale, shift) after m, a Mul/Div/Add/Sub of out by a scalar constant; else None."""
+    other = _other(m, out) if m.op in ("Mul", "Div", "Add", "Sub") else None
+    c = None if other is None else rw.const(other)
+    if c is None or c.size != 1 or c.dtype.kind != "f" or c.ndim > 4:
+        return None
+    v, (s, t) = float(c.reshape(-1)[0]), post
+    if m.op == "Mul":
+        return s * v, t * v
+    if m.op == "Add":
+        return s, t + v
+    if m.inputs[0] != out or (m.op == "Div" and v == 0.0):
+        return None
+    return (s / v, t / v) if m.op == "Div" else (s, t - v)
 
 
 def _weight(w4: np.ndarray, pack: bool) -> Tensor:
@@ -156,13 +181,24 @@ def _fuse_one(rw: Rewriter, i: int) -> None:
     rank = w.ndim
     scale = np.ones(o)
     shift = np.zeros(o) if b is None else b.astype(np.float64)
-    idxs, out, res, act = [i], nd.outputs[0], None, None
-    while act is None:
+    idxs, out, res, act, post = [i], nd.outputs[0], None, None, None
+    while True:
         j = rw.sole_user(out)
         m = rw.node(j)
         if m is None or not m.outputs or not m.outputs[0]:
             break
-        a = _act(rw, m) if m.inputs and m.inputs[0] == out else None
+        if act is not None or post is not None:  # after the activation: a scalar scale/shift
+            nxt = _post(rw, m, out, post or (1.0, 0.0))
+            if nxt is None:
+                break
+            post = nxt
+            idxs.append(j)
+            out = m.outputs[0]
+            continue
+        a = None
+        if m.inputs and m.inputs[0] == out:
+            a = _ACT_OPS.get(m.op) if len(m.inputs) == 1 else None
+            a = a or _act(rw, m)
         if a is not None:
             act = a
         elif res is None and m.op == "BatchNormalization" and m.inputs[0] == out:
@@ -203,7 +239,7 @@ def _fuse_one(rw: Rewriter, i: int) -> None:
     w4 = wf if sp == 2 else wf[:, :, None, :]
     wt = _weight(np.ascontiguousarray(w4), pack=not depthwise)
     bt = Tensor._wrap(shift.astype(_F32))
-    run = _ConvRun(at, wt, bt, g, act, sp)
+    run = _ConvRun(at, wt, bt, g, act, sp, post or (1.0, 0.0))
     inputs = [nd.inputs[0]] + ([res] if res is not None else [])
     rw.replace(idxs, fused_node("FusedConv", inputs, [out], run, nd))
 

@@ -397,8 +397,15 @@ _ACTS = {"Erf": _fuse_gelu, "Clip": _fuse_hardswish, "HardSigmoid": _fuse_hardsw
          "Sigmoid": _fuse_silu}  # fmt: skip
 
 
+def fuse_activations(rw: Rewriter) -> None:
+    """The spelled-out GELU, hard swish and SiLU as one node each (before convs take theirs)."""
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op in _ACTS:
+            _ACTS[nd.op](rw, i)
+
+
 def fuse(rw: Rewriter, products: bool = True) -> None:
-    """Products by constant weights, attention, then the activation patterns (see the doc)."""
+    """Products by constant weights and attention (see the module doc)."""
     if products and G.microkernels_available():
         for i, nd in enumerate(rw.nodes):
             if nd is not None and nd.op == "MatMul":
@@ -409,6 +416,3 @@ def fuse(rw: Rewriter, products: bool = True) -> None:
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Softmax":
             _fuse_attention(rw, i)
-    for i, nd in enumerate(rw.nodes):
-        if nd is not None and nd.op in _ACTS:
-            _ACTS[nd.op](rw, i)

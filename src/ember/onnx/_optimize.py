@@ -5,14 +5,15 @@ on ember ops (``Graph.run``), only with fewer, bigger nodes:
 
 1. constant folding: a node whose inputs are all constants (initializers, ``Constant`` nodes and
    what is computed from them only) runs once here and its outputs become constants;
-2. convolutions (``_fuse_conv``): a ``Conv`` by a constant weight becomes one ``fused_conv2d``
+2. activations (``_fuse_dense``): the exporters' spelled-out GELU, hard swish and SiLU become
+   the ember ops of those names (one node each);
+3. convolutions (``_fuse_conv``): a ``Conv`` by a constant weight becomes one ``fused_conv2d``
    call (ember.inference.ops) on a packed weight, with the per-channel scales and shifts,
-   ``BatchNormalization``, residual ``Add`` and ``Relu``/``Clip(0, 6)`` that follow it folded in;
-   its result is channels-last, which the next fused convolution reads without a copy;
-3. products and activations (``_fuse_dense``): ``MatMul``/``Gemm`` by a constant weight (and a
-   constant bias ``Add``) become ``F.linear`` on a packed weight, the MatMul-Softmax-MatMul
-   attention pattern ``F.scaled_dot_product_attention``, and the exporters' spelled-out GELU,
-   hard swish and SiLU the ember ops of those names.
+   ``BatchNormalization``, residual ``Add``, activation and scalar scale/shift that follow it
+   folded in; its result is channels-last, which the next fused convolution reads in place;
+4. products (``_fuse_dense``): ``MatMul``/``Gemm`` by a constant weight (and a constant bias
+   ``Add``) become ``F.linear`` on a packed weight, the MatMul-Softmax-MatMul attention pattern
+   ``F.scaled_dot_product_attention``.
 
 Last, the nodes that compute from shapes and constants only (``Shape`` -> ``Gather`` ->
 ``Concat`` -> ``Reshape`` targets, position ids, their embedding rows) remember their last results:
@@ -203,6 +204,8 @@ def optimize(graph: Graph) -> Graph:
 
     rw = Rewriter(graph)
     fold_constants(rw)
+    rw.index()
+    _fuse_dense.fuse_activations(rw)
     rw.index()
     _fuse_conv.fuse(rw)
     rw.index()

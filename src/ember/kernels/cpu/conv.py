@@ -35,7 +35,7 @@ from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none, renamed
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
 
-ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2}
+ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2, "hardswish": 3, "silu": 4}
 _F32 = np.dtype(np.float32)
 _K: dict = {}
 _NCHW = None
@@ -69,6 +69,22 @@ def _act_reference(y: np.ndarray, act: int) -> np.ndarray:
         np.maximum(y, 0, out=y)
     elif act == 2:
         np.clip(y, 0, 6, out=y)
+    elif act in (3, 4):
+        with np.errstate(over="ignore", invalid="ignore"):  # -inf: NaN, as in the kernel
+            if act == 3:
+                y *= np.clip(y + 3, 0, 6) / 6
+            else:
+                y /= 1 + np.exp(-y)
+    return y
+
+
+def post_reference(y: np.ndarray, act: int, scale: float, shift: float) -> np.ndarray:
+    """y (M, C) <- act(y) * scale + shift in place (act 0 none, 3 hard swish, 4 SiLU)."""
+    _act_reference(y, act)
+    if scale != 1.0:
+        y *= np.float32(scale)
+    if shift != 0.0:
+        y += np.float32(shift)
     return y
 
 
@@ -199,10 +215,31 @@ def _build_nhwc(nb):
                 for t in range(c):
                     d[t] = s[t]
 
+    @nb.njit(parallel=True, **opts)
+    def post(y, act, scale, shift):  # pragma: no cover - compiled
+        m, c = y.shape
+        three, six, sixth, one = np.float32(3), np.float32(6), np.float32(1 / 6), np.float32(1)
+        zero = np.float32(0)
+        for r in nb.prange(m):
+            row = y[r]
+            if act == 3:
+                for t in range(c):
+                    v = row[t]
+                    row[t] = v * min(max(v + three, zero), six) * sixth * scale + shift
+            elif act == 4:
+                for t in range(c):
+                    v = row[t]
+                    row[t] = v / (one + np.exp(-v)) * scale + shift
+            else:
+                for t in range(c):
+                    row[t] = row[t] * scale + shift
+        return y
+
     serial = nb.njit(**opts)(renamed(depthwise.py_func, "serial"))
+    post_serial = nb.njit(**opts)(renamed(post.py_func, "serial"))
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
-        "copy4d": copy4d, "depthwise_serial": serial,
+        "copy4d": copy4d, "depthwise_serial": serial, "post": post, "post_serial": post_serial,
     }  # fmt: skip
 
 
@@ -233,6 +270,18 @@ def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
         return depthwise_nhwc_reference(x, w, bias, out, sh, sw, pt, pl, act)
     small = out.size * w.shape[0] * w.shape[1] < DEPTHWISE_SERIAL_BELOW
     return k["depthwise_serial" if small else "depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+
+
+POST_SERIAL_BELOW = 1 << 16  # elements: smaller results get their post pass on this thread
+
+
+def post(y: np.ndarray, act: int, scale: float = 1.0, shift: float = 0.0) -> np.ndarray:
+    """y (M, C) contiguous float32 <- act(y) * scale + shift in place (act 0, 3 or 4)."""
+    k = _kernels()
+    if k is None:
+        return post_reference(y, act, scale, shift)
+    name = "post_serial" if y.size < POST_SERIAL_BELOW else "post"
+    return k[name](y, act, np.float32(scale), np.float32(shift))
 
 
 def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
@@ -381,15 +430,23 @@ def conv2d_nchw_reference(x, w, stride, pads, groups: int) -> np.ndarray:
     return out.reshape(n, o, oh, ow)
 
 
-def fused_conv2d_reference(x, w, b, res=None, *, stride, pads, groups, act):
-    """act(conv2d(x, w) + b [+ res]): the fused_conv2d op's numpy reference."""
+def fused_conv2d_reference(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
+    """act(conv2d(x, w) + b [+ res]) * scale + shift: the fused_conv2d op's numpy reference."""
     y = conv2d_nchw_reference(x, w, stride, pads, groups) + b[:, None, None]
     if res is not None:
         y += res
-    return _act_reference(y, ACTS[act])
+    return _act_reference(y, ACTS[act]) * np.float32(scale) + np.float32(shift)
 
 
-def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
+def _post(out: np.ndarray, code: int, scale: float, shift: float) -> np.ndarray:
+    """The part of the epilogue after the kernel (hard swish, SiLU, scale and shift): in place."""
+    if code > 2 or scale != 1.0 or shift != 0.0:
+        n, h, w, c = out.shape
+        post(out.reshape(n * h * w, c), code if code > 2 else 0, scale, shift)
+    return out
+
+
+def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0) -> bool:
     return groups == 1 and G.packed_panels(w) is not None and x.ndim == 4
 
 
@@ -399,13 +456,19 @@ def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
     when=_gemm_applies,
     available=G.microkernels_available,
 )
-def fused_conv2d_gemm(x, w, b, res=None, *, stride, pads, groups, act):
+def fused_conv2d_gemm(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
     """The implicit GEMM on w's panels (``conv_gemm``); channels-last result."""
     bias = np.ascontiguousarray(b)
-    return conv_gemm(x, w.panels, w.shape[0], w.shape[2:], bias, res, stride, pads, ACTS[act])
+    code = ACTS[act]
+    ir_act = code if code <= 2 else 0  # ReLU/ReLU6 in the GEMM epilogue, the rest after it
+    y = conv_gemm(x, w.panels, w.shape[0], w.shape[2:], bias, res, stride, pads, ir_act)
+    _post(y.transpose(0, 2, 3, 1), code, scale, shift)
+    return y
 
 
-def _depthwise_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
+def _depthwise_applies(
+    x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0
+) -> bool:
     return res is None and x.ndim == 4 and w.shape[1] == 1 and groups == x.shape[1] == w.shape[0]
 
 
@@ -415,7 +478,7 @@ def _depthwise_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
     when=_depthwise_applies,
     available=have_numba,
 )
-def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act):
+def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
     """Depthwise conv (+ bias, activation) over NHWC rows in parallel; channels-last result."""
     a = nhwc(x)
     n, h, wd, c = a.shape
@@ -423,8 +486,11 @@ def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act):
     oh, ow = _out_hw(h, wd, kh, kw, stride, pads)
     wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
     out = np.empty((n, oh, ow, c), _F32)
-    depthwise_nhwc(a, wt, np.ascontiguousarray(b), out, *stride, pads[0], pads[2], ACTS[act])
-    return channels_last(out)
+    code = ACTS[act]
+    depthwise_nhwc(
+        a, wt, np.ascontiguousarray(b), out, *stride, pads[0], pads[2], code if code <= 2 else 0
+    )
+    return channels_last(_post(out, code, scale, shift))
 
 
 def conv2d_reference(x, w, b=None, *, geom):
