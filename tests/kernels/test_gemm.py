@@ -231,3 +231,30 @@ def test_without_microkernels_nothing_is_packed_in_a_fresh_process():
     env = {**os.environ, "EMBER_SGEMM_ISA": "none"}
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
+
+
+def test_products_from_several_threads_at_once_on_the_pool():
+    """Python threads calling products together: one holds the pool, the others run alone."""
+    import threading
+
+    old = G.SERIAL_BELOW
+    G.SERIAL_BELOW = 0  # every product on the pool's path
+    try:
+        xs = [RNG.standard_normal((37, 48)).astype(np.float32) for _ in range(4)]
+        w = G.PackedWeight(RNG.standard_normal((70, 48)).astype(np.float32))
+        want = [x @ np.asarray(w).T for x in xs]
+        got: list = [None] * 4
+
+        def work(i):
+            for _ in range(30):
+                got[i] = G.linear_packed(xs[i], w)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+    finally:
+        G.SERIAL_BELOW = old

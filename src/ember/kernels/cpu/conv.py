@@ -8,7 +8,8 @@ depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the 
 stem) with a plain weight runs on the same GEMM, its weight packed per call (``conv1d_gemm``).
 Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, L) view of
 (N, L, C) for conv1d), which the next of these kernels reads without a copy.
-Depthwise conv, max pooling and copy4d spread output rows over numba's threads; im2col (each
+Depthwise conv (and the post pass) run their rows as tasks on ember's worker pool
+(kernels.cpu.pool_tasks), max pooling and copy4d over numba's threads; im2col (each
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
 
 Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients
@@ -31,9 +32,10 @@ import threading
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none, renamed
+from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
+from ember.threads import get_num_threads
 
 ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2, "hardswish": 3, "silu": 4}
 _F32 = np.dtype(np.float32)
@@ -112,6 +114,63 @@ def maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ numba kernels
+# row bodies shared by the parallel kernels, their serial variants and the pool's tasks
+# (kernels.cpu.pool_tasks); module globals so that numba's cache keys them on their code
+def _dw_rows_py(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover - compiled
+    """Output rows r0..r1-1 (of N * OH) of the NHWC depthwise conv (+ bias, ReLU/ReLU6)."""
+    n, h, wd, c = x.shape
+    kh, kw = w.shape[0], w.shape[1]
+    oh, ow = out.shape[1], out.shape[2]
+    for r in range(r0, r1):
+        b = r // oh
+        y = r - b * oh
+        for xo in range(ow):
+            acc = out[b, y, xo]
+            for t in range(c):
+                acc[t] = bias[t]
+            for i in range(kh):
+                ih = y * sh - pt + i
+                if ih < 0 or ih >= h:
+                    continue
+                for j in range(kw):
+                    iw = xo * sw - pl + j
+                    if iw < 0 or iw >= wd:
+                        continue
+                    src = x[b, ih, iw]
+                    wt = w[i, j]
+                    for t in range(c):
+                        acc[t] += src[t] * wt[t]
+            if act == 1:
+                for t in range(c):
+                    acc[t] = max(acc[t], 0.0)
+            elif act == 2:
+                for t in range(c):
+                    acc[t] = min(max(acc[t], 0.0), 6.0)
+
+
+def _post_rows_py(y, act, scale, shift, r0, r1):  # pragma: no cover - compiled
+    """Rows r0..r1-1 of y (M, C) <- act(y) * scale + shift (act 0, 3 hard swish, 4 SiLU)."""
+    c = y.shape[1]
+    three, six, sixth, one = np.float32(3), np.float32(6), np.float32(1 / 6), np.float32(1)
+    zero = np.float32(0)
+    for r in range(r0, r1):
+        row = y[r]
+        if act == 3:
+            for t in range(c):
+                v = row[t]
+                row[t] = v * min(max(v + three, zero), six) * sixth * scale + shift
+        elif act == 4:
+            for t in range(c):
+                v = row[t]
+                row[t] = v / (one + np.exp(-v)) * scale + shift
+        else:
+            for t in range(c):
+                row[t] = row[t] * scale + shift
+
+
+_dw_rows = _post_rows = None  # compiled by _build_nhwc
+
+
 def _build_nhwc(nb):
     # no "nnan"/"ninf" fast-math: NaN must win max pooling and pass through ReLU, as in torch
     opts = dict(nogil=True, cache=True, fastmath=set(FASTMATH))
@@ -147,36 +206,20 @@ def _build_nhwc(nb):
                         row[d0 + t] = 0.0
         return out
 
+    g = globals()
+    g["_dw_rows"] = nb.njit(**opts)(_dw_rows_py)
+    g["_post_rows"] = nb.njit(**opts)(_post_rows_py)
+
     @nb.njit(parallel=True, **opts)
     def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
-        n, h, wd, c = x.shape
-        kh, kw = w.shape[0], w.shape[1]
-        oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(n * oh):
-            b = r // oh
-            y = r - b * oh
-            for xo in range(ow):
-                acc = out[b, y, xo]
-                for t in range(c):
-                    acc[t] = bias[t]
-                for i in range(kh):
-                    ih = y * sh - pt + i
-                    if ih < 0 or ih >= h:
-                        continue
-                    for j in range(kw):
-                        iw = xo * sw - pl + j
-                        if iw < 0 or iw >= wd:
-                            continue
-                        src = x[b, ih, iw]
-                        wt = w[i, j]
-                        for t in range(c):
-                            acc[t] += src[t] * wt[t]
-                if act == 1:
-                    for t in range(c):
-                        acc[t] = max(acc[t], 0.0)
-                elif act == 2:
-                    for t in range(c):
-                        acc[t] = min(max(acc[t], 0.0), 6.0)
+        rows = out.shape[0] * out.shape[1]
+        for r in nb.prange(rows):
+            _dw_rows(x, w, bias, out, sh, sw, pt, pl, act, r, r + 1)
+        return out
+
+    @nb.njit(**opts)
+    def depthwise_serial(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
+        _dw_rows(x, w, bias, out, sh, sw, pt, pl, act, 0, out.shape[0] * out.shape[1])
         return out
 
     @nb.njit(parallel=True, **opts)
@@ -217,29 +260,19 @@ def _build_nhwc(nb):
 
     @nb.njit(parallel=True, **opts)
     def post(y, act, scale, shift):  # pragma: no cover - compiled
-        m, c = y.shape
-        three, six, sixth, one = np.float32(3), np.float32(6), np.float32(1 / 6), np.float32(1)
-        zero = np.float32(0)
-        for r in nb.prange(m):
-            row = y[r]
-            if act == 3:
-                for t in range(c):
-                    v = row[t]
-                    row[t] = v * min(max(v + three, zero), six) * sixth * scale + shift
-            elif act == 4:
-                for t in range(c):
-                    v = row[t]
-                    row[t] = v / (one + np.exp(-v)) * scale + shift
-            else:
-                for t in range(c):
-                    row[t] = row[t] * scale + shift
+        for r in nb.prange(y.shape[0]):
+            _post_rows(y, act, scale, shift, r, r + 1)
         return y
 
-    serial = nb.njit(**opts)(renamed(depthwise.py_func, "serial"))
-    post_serial = nb.njit(**opts)(renamed(post.py_func, "serial"))
+    @nb.njit(**opts)
+    def post_serial(y, act, scale, shift):  # pragma: no cover - compiled
+        _post_rows(y, act, scale, shift, 0, y.shape[0])
+        return y
+
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
-        "copy4d": copy4d, "depthwise_serial": serial, "post": post, "post_serial": post_serial,
+        "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
+        "post_serial": post_serial,
     }  # fmt: skip
 
 
@@ -269,7 +302,24 @@ def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
     if k is None:
         return depthwise_nhwc_reference(x, w, bias, out, sh, sw, pt, pl, act)
     small = out.size * w.shape[0] * w.shape[1] < DEPTHWISE_SERIAL_BELOW
+    if not small and _on_pool(x, w, bias, out):
+        from ember.kernels.cpu import pool_tasks
+
+        pool_tasks.depthwise(x, w, bias, out, sh, sw, pt, pl, act, get_num_threads())
+        return out
     return k["depthwise_serial" if small else "depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+
+
+def _on_pool(*arrays) -> bool:
+    """Whether a kernel's parallel work goes to ember's pool (kernels.cpu.pool_tasks)."""
+    if not G.USE_POOL or get_num_threads() == 1:
+        return False
+    for a in arrays:
+        if a.dtype != _F32 or not a.flags.c_contiguous:
+            return False
+    from ember.kernels.cpu import pool_tasks
+
+    return pool_tasks.state() is not None
 
 
 POST_SERIAL_BELOW = 1 << 16  # elements: smaller results get their post pass on this thread
@@ -280,8 +330,13 @@ def post(y: np.ndarray, act: int, scale: float = 1.0, shift: float = 0.0) -> np.
     k = _kernels()
     if k is None:
         return post_reference(y, act, scale, shift)
-    name = "post_serial" if y.size < POST_SERIAL_BELOW else "post"
-    return k[name](y, act, np.float32(scale), np.float32(shift))
+    small = y.size < POST_SERIAL_BELOW
+    if not small and _on_pool(y):
+        from ember.kernels.cpu import pool_tasks
+
+        pool_tasks.post(y, act, scale, shift, get_num_threads())
+        return y
+    return k["post_serial" if small else "post"](y, act, np.float32(scale), np.float32(shift))
 
 
 def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
