@@ -27,6 +27,10 @@ from ember.kernels.cpu import gemm as G
 (P_A, P_ROWOFF, P_TAPOFF, P_KC, P_PANELS, P_BIAS, P_RES, P_HAS_RES, P_ACT, P_OUT, P_MR,
  P_TASKS_P, P_ROWS, P_KBLOCK, P_M, P_O, P_NPANELS, P_KK, P_NR, P_NT, P_WORDS) = range(21)  # fmt: skip
 TASKS_PER_THREAD = 4  # a product is cut into at least this many tasks per thread (when it can)
+# multiply-adds a GEMM task does at most (~40 us): the pool's master goes solo for a while
+# after waiting ~1 ms for a worker's task, so a task must be far shorter than that; with
+# ViT-B/16 b8's 1 ms tasks it went solo after most products (2 threads ran as fast as 1)
+TASK_MACS = 1 << 23  # (depthwise tasks: 1/32 of it, ~8 x slower per multiply-add; post: 1/128)
 
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
@@ -191,8 +195,9 @@ def _go(kind: str, params: np.ndarray, rows: int, chunk: int) -> None:
     st["run"](pool.ctrl(), own, params, st["fn"][kind], rows, max(1, chunk))
 
 
-def _chunk(rows: int, threads: int) -> int:
-    return -(-rows // (TASKS_PER_THREAD * threads))
+def _chunk(rows: int, threads: int, per_row: int, most: int) -> int:
+    """Rows per task: at least TASKS_PER_THREAD tasks per thread, at most `most` work each."""
+    return max(1, min(-(-rows // (TASKS_PER_THREAD * threads)), most // max(per_row, 1)))
 
 
 def gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int) -> None:
@@ -205,6 +210,8 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int) -> No
     tasks_m = -(-m // rows)
     want = TASKS_PER_THREAD * threads
     tasks_p = min(panels, -(-want // tasks_m)) if tasks_m < want else 1
+    per_panel = min(rows, m) * kk * nr  # multiply-adds of one panel over a task's rows
+    tasks_p = max(tasks_p, min(panels, -(-panels * per_panel // TASK_MACS)))
     r = out if res is None else res
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
@@ -222,7 +229,7 @@ def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int, threads: int) -> None:
     oh, ow = out.shape[1:3]
     params = np.array([x.ctypes.data, w.ctypes.data, bias.ctypes.data, out.ctypes.data, n, h, wd,
                        c, kh, kw, oh, ow, sh, sw, pt, pl, act], np.int64)  # fmt: skip
-    _go("dw", params, n * oh, _chunk(n * oh, threads))
+    _go("dw", params, n * oh, _chunk(n * oh, threads, ow * c * kh * kw, TASK_MACS >> 5))
 
 
 def post(y, act: int, scale: float, shift: float, threads: int) -> None:
@@ -230,4 +237,4 @@ def post(y, act: int, scale: float, shift: float, threads: int) -> None:
     m, c = y.shape
     st = np.array([scale, shift], np.float32)
     params = np.array([y.ctypes.data, m, c, act, st.ctypes.data], np.int64)
-    _go("post", params, m, _chunk(m, threads))
+    _go("post", params, m, _chunk(m, threads, c, TASK_MACS >> 7))
