@@ -17,12 +17,18 @@ channels-last, which the next fused conv, max pool or global pool reads in place
 activations stay NHWC from conv to conv and ops that care about layout (a reshape, a concat) make
 the one copy they need. A residual whose run-time shape is not the conv's output shape (one that
 broadcasts) is added after the conv instead, as the original ``Add`` would.
+
+A ``ConvTranspose`` whose kernel equals its stride (no padding, group 1: an upsampling head)
+computes one product over channels (``F.linear`` on a packed (C, kh*kw*O) weight) and a copy that
+interleaves the taps; the chain after it (affine, BatchNormalization, activation) folds in the
+same way, the activation applied after the product.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import ember
 from ember.inference.ops import fused_conv2d
 from ember.kernels.cpu import gemm as G
 from ember.kernels.cpu import have_numba
@@ -155,32 +161,11 @@ def _weight(w4: np.ndarray, pack: bool) -> Tensor:
     return t
 
 
-def _fuse_one(rw: Rewriter, i: int) -> None:
-    nd = rw.nodes[i]
-    if len(nd.inputs) < 2 or not nd.outputs[0]:
-        return
-    w = rw.const(nd.inputs[1])
-    b = rw.const(nd.inputs[2]) if len(nd.inputs) > 2 and nd.inputs[2] else None
-    if w is None or w.dtype != _F32 or w.ndim not in (3, 4):
-        return
-    if len(nd.inputs) > 2 and nd.inputs[2] and (b is None or b.shape != w.shape[:1]):
-        return
-    at = nd.attrs
-    sp = w.ndim - 2
-    if list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
-        return
-    if any(d != 1 for d in at.get("dilations", [1] * sp)):
-        return
-    o, cg = w.shape[:2]
-    g = at.get("group", 1)
-    depthwise = g > 1 and cg == 1 and o == g
-    if g != 1 and not depthwise:
-        return
-    if not (have_numba() if depthwise else G.microkernels_available()):
-        return
-    rank = w.ndim
+def _chain(rw: Rewriter, i: int, o: int, rank: int, shift: np.ndarray, residual: bool):
+    """What follows node i's output that its fused node takes (see the module docstring):
+    (nodes, output, residual, activation, (scale, shift) after it, per-channel scale, shift)."""
     scale = np.ones(o)
-    shift = np.zeros(o) if b is None else b.astype(np.float64)
+    nd = rw.nodes[i]
     idxs, out, res, act, post = [i], nd.outputs[0], None, None, None
     while True:
         j = rw.sole_user(out)
@@ -215,7 +200,7 @@ def _fuse_one(rw: Rewriter, i: int) -> None:
             if c is not None and v is None:
                 break
             if v is None:  # a computed value: the residual (Add only)
-                if m.op != "Add":
+                if m.op != "Add" or not residual:
                     break
                 res = other
             elif m.op == "Mul":
@@ -232,6 +217,35 @@ def _fuse_one(rw: Rewriter, i: int) -> None:
             break
         idxs.append(j)
         out = m.outputs[0]
+    return idxs, out, res, act, post, scale, shift
+
+
+def _fuse_one(rw: Rewriter, i: int) -> None:
+    nd = rw.nodes[i]
+    if len(nd.inputs) < 2 or not nd.outputs[0]:
+        return
+    w = rw.const(nd.inputs[1])
+    b = rw.const(nd.inputs[2]) if len(nd.inputs) > 2 and nd.inputs[2] else None
+    if w is None or w.dtype != _F32 or w.ndim not in (3, 4):
+        return
+    if len(nd.inputs) > 2 and nd.inputs[2] and (b is None or b.shape != w.shape[:1]):
+        return
+    at = nd.attrs
+    sp = w.ndim - 2
+    if list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
+        return
+    if any(d != 1 for d in at.get("dilations", [1] * sp)):
+        return
+    o, cg = w.shape[:2]
+    g = at.get("group", 1)
+    depthwise = g > 1 and cg == 1 and o == g
+    if g != 1 and not depthwise:
+        return
+    if not (have_numba() if depthwise else G.microkernels_available()):
+        return
+    rank = w.ndim
+    shift0 = np.zeros(o) if b is None else b.astype(np.float64)
+    idxs, out, res, act, post, scale, shift = _chain(rw, i, o, rank, shift0, residual=True)
     if np.all(scale == 1.0):
         wf = w
     else:
@@ -244,8 +258,75 @@ def _fuse_one(rw: Rewriter, i: int) -> None:
     rw.replace(idxs, fused_node("FusedConv", inputs, [out], run, nd))
 
 
+class _ConvTransposeRun:
+    """A stride-k, kernel-k transposed conv: one product over channels, then depth-to-space.
+
+    Output pixel (i*kh + a, j*kw + b) of channel o is sum_c x[c, i, j] w[c, o, a, b]: no two
+    input pixels reach the same output pixel, so the op is x (pixels, C) @ W (C, kh*kw*O) on the
+    packed GEMM followed by a copy that interleaves the taps (channels-last result).
+    """
+
+    def __init__(self, w: Tensor, b: Tensor, k: tuple, o: int, act, post, replay) -> None:
+        self.w, self.b, self.k, self.o, self.act, self.replay = w, b, k, o, act, replay
+        self.scale, self.shift = post
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        if x.ndim != 4 or x.dtype != ember.float32 or x.shape[1] != self.w.shape[1]:
+            return self.replay(x)
+        n, _, h, wd = x.shape
+        (kh, kw), o = self.k, self.o
+        y = F.linear(x.permute(0, 2, 3, 1), self.w, self.b)  # (n, h, w, kh*kw*o)
+        y = y.reshape(n, h, wd, kh, kw, o).permute(0, 1, 3, 2, 4, 5).contiguous()
+        y = y.reshape(n, h * kh, wd * kw, o).permute(0, 3, 1, 2)
+        if self.act is not None:
+            y = _ACT_FNS[self.act](y)
+        return y if self.scale == 1.0 and self.shift == 0.0 else y * self.scale + self.shift
+
+
+def _fuse_transpose(rw: Rewriter, i: int) -> None:
+    """ConvTranspose with kernel == stride, no padding, group 1, by a constant weight."""
+    nd = rw.nodes[i]
+    if len(nd.inputs) < 2 or not nd.outputs[0] or not G.microkernels_available():
+        return
+    w = rw.const(nd.inputs[1])
+    b = rw.const(nd.inputs[2]) if len(nd.inputs) > 2 and nd.inputs[2] else None
+    if w is None or w.dtype != _F32 or w.ndim != 4 or 0 in w.shape:
+        return
+    c, o, kh, kw = w.shape
+    if len(nd.inputs) > 2 and nd.inputs[2] and (b is None or b.shape != (o,)):
+        return
+    at = nd.attrs
+    if at.get("group", 1) != 1 or "output_shape" in at:
+        return
+    if list(at.get("kernel_shape", [kh, kw])) != [kh, kw] or list(at.get("strides", [1, 1])) != [
+        kh,
+        kw,
+    ]:
+        return
+    if list(at.get("dilations", [1, 1])) != [1, 1]:
+        return
+    if any(at.get("pads", [0] * 4)) or any(at.get("output_padding", [0, 0])):
+        return
+    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return
+    shift0 = np.zeros(o) if b is None else b.astype(np.float64)
+    idxs, out, _, act, post, scale, shift = _chain(rw, i, o, 4, shift0, residual=False)
+    wf = w.astype(np.float64) * scale.reshape(1, -1, 1, 1)
+    wm = np.ascontiguousarray(wf.transpose(2, 3, 1, 0).reshape(kh * kw * o, c).astype(_F32))
+    bias = Tensor._wrap(np.tile(shift, kh * kw).astype(_F32))
+    from ember.onnx._fuse_dense import Replay
+
+    order = sorted(idxs)
+    replay = Replay([rw.nodes[k] for k in order], [nd.inputs[0]], out, rw.consts)
+    run = _ConvTransposeRun(_weight(wm, pack=True), bias, (kh, kw), o, act, post or (1.0, 0.0),
+                            replay)  # fmt: skip
+    rw.replace(idxs, fused_node("FusedConvTranspose", [nd.inputs[0]], [out], run, nd))
+
+
 def fuse(rw: Rewriter) -> None:
     """Make every suitable Conv (and the chain it heads) one fused node."""
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Conv":
             _fuse_one(rw, i)
+        elif nd is not None and nd.op == "ConvTranspose":
+            _fuse_transpose(rw, i)

@@ -10,7 +10,8 @@ on ember ops (``Graph.run``), only with fewer, bigger nodes:
 3. convolutions (``_fuse_conv``): a ``Conv`` by a constant weight becomes one ``fused_conv2d``
    call (ember.inference.ops) on a packed weight, with the per-channel scales and shifts,
    ``BatchNormalization``, residual ``Add``, activation and scalar scale/shift that follow it
-   folded in; its result is channels-last, which the next fused convolution reads in place;
+   folded in; its result is channels-last, which the next fused convolution reads in place
+   (and a ``ConvTranspose`` whose kernel is its stride: one product, then depth-to-space);
 4. products (``_fuse_dense``): ``MatMul``/``Gemm`` by a constant weight (and a constant bias
    ``Add``) become ``F.linear`` on a packed weight, the MatMul-Softmax-MatMul attention pattern
    ``F.scaled_dot_product_attention``.
