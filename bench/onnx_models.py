@@ -1,5 +1,7 @@
 """ONNX models: ember.onnx vs onnxruntime latency, the same .onnx files and inputs in one process.
 
+torch exports the models in a child process (``exported``): the timing process never loads it.
+
 The models are torch exports (TorchScript exporter, opset 17) of ember's zoo architectures at
 their real sizes: ResNet-50 and MobileNetV2 (torchvision module trees, tests/models/vision/twins.py,
 random weights, 224x224), ViT-B/16 (transformers, random weights, 224x224), all-MiniLM-L6-v2
@@ -7,8 +9,12 @@ random weights, 224x224), ViT-B/16 (transformers, random weights, 224x224), all-
 bins x 3000 frames), plus the PP-OCRv4 detector (640x640) and recognizer (48x320) that
 rapidocr-onnxruntime ships, when installed. Each runs at every --batch on both engines with --threads threads
 (ember.set_num_threads, ORT intra-op threads); outputs are checked to agree first. Engines take
-turns (an untimed call, then a timed call each); the median and best of --repeat timed calls are
-reported with ember's ratio to onnxruntime, and the table goes to bench/RESULTS.md.
+turns (an untimed call, then a timed call each), each turn after SETTLE_S idle: onnxruntime's
+intra-op workers spin ~30 ms after a run (its default allow_spinning), and a turn started inside
+that window was timed with one of the 2 cores taken by the other engine's spinning thread
+(measured: PP-OCRv4 rec b1 ember 15-18 ms right after onnxruntime vs 10 ms with its spinning off,
+and onnxruntime 10 vs 15 ms the other way round). The median and best of --repeat timed calls
+are reported with ember's ratio to onnxruntime, and the table goes to bench/RESULTS.md.
 
     .venv/bin/python bench/onnx_models.py [--batch 1 8] [--threads 2] [--repeat 10] [--models resnet50 vit]
         [--no-append]
@@ -17,8 +23,10 @@ reported with ember's ratio to onnxruntime, and the table goes to bench/RESULTS.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +54,7 @@ def _wrap(fn):
 
 
 def export_models(tmp: Path, names: list[str]) -> dict:
-    """name -> (onnx path, make_feeds(batch) -> dict of numpy inputs)."""
+    """name -> (onnx path, feed spec: see ``make_feeds``); torch's exports, written into tmp."""
     import torch
     import transformers
     from tests.models.vision import twins
@@ -54,33 +62,25 @@ def export_models(tmp: Path, names: list[str]) -> dict:
 
     torch.manual_seed(0)
     out = {}
-    rng = np.random.default_rng(0)
-
-    def images(size):
-        return lambda b: {"x": rng.standard_normal((b, 3, size, size)).astype(np.float32)}
-
     dyn_img = {"x": {0: "b"}, "y": {0: "b"}}
     if "resnet50" in names:
         m = twins.randomize_bn(twins.resnet("resnet50")).eval()
         x = torch.zeros(1, 3, 224, 224)
-        out["resnet50"] = (
-            export(m, (x,), tmp / "resnet50.onnx", ["x"], ["y"], dyn_img),
-            images(224),
-        )
+        p = export(m, (x,), tmp / "resnet50.onnx", ["x"], ["y"], dyn_img)
+        out["resnet50"] = (p, ("image", 224, 224))
     if "mobilenet_v2" in names:
         m = twins.randomize_bn(twins.MobileNetV2()).eval()
         x = torch.zeros(1, 3, 224, 224)
-        out["mobilenet_v2"] = (
-            export(m, (x,), tmp / "mnv2.onnx", ["x"], ["y"], dyn_img),
-            images(224),
-        )
+        p = export(m, (x,), tmp / "mnv2.onnx", ["x"], ["y"], dyn_img)
+        out["mobilenet_v2"] = (p, ("image", 224, 224))
     if "vit" in names:
         cfg = transformers.ViTConfig(attn_implementation="eager")  # ViT-B/16, 224
         m = _wrap(lambda m, x: m(pixel_values=x).logits)(
             transformers.ViTForImageClassification(cfg)
         )
         x = torch.zeros(1, 3, 224, 224)
-        out["vit_b16"] = (export(m, (x,), tmp / "vit.onnx", ["x"], ["y"], dyn_img), images(224))
+        p = export(m, (x,), tmp / "vit.onnx", ["x"], ["y"], dyn_img)
+        out["vit_b16"] = (p, ("image", 224, 224))
     if "minilm" in names:
         from ember.models.sentence import default_model_dir
 
@@ -95,12 +95,7 @@ def export_models(tmp: Path, names: list[str]) -> dict:
             "y": {0: "b", 1: "t"},
         }
         p = export(m, (ids, ids), tmp / "minilm.onnx", ["input_ids", "attention_mask"], ["y"], dyn)
-
-        def tokens(b):
-            ids = rng.integers(1000, 20000, (b, 128)).astype(np.int64)
-            return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-
-        out["minilm_l6"] = (p, tokens)
+        out["minilm_l6"] = (p, ("tokens", 128))
     if "whisper" in names:
         from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
@@ -110,23 +105,50 @@ def export_models(tmp: Path, names: list[str]) -> dict:
         m = _wrap(lambda m, x: m(input_features=x).last_hidden_state)(WhisperEncoder(cfg))
         x = torch.zeros(1, 80, 3000)
         p = export(m, (x,), tmp / "whisper_enc.onnx", ["x"], ["y"], dyn_img)
-        out["whisper_tiny_encoder"] = (
-            p, lambda b: {"x": rng.standard_normal((b, 80, 3000)).astype(np.float32)}
-        )  # fmt: skip
+        out["whisper_tiny_encoder"] = (p, ("mel", 80, 3000))
     if "ppocr" in names:
         from ember.models.hub import package_dir
 
         d = package_dir("rapidocr_onnxruntime")
         if d is not None:  # pip install --no-deps rapidocr-onnxruntime==1.4.4
-            out["ppocr_v4_det"] = (
-                d / "models" / "ch_PP-OCRv4_det_infer.onnx",
-                lambda b: {"x": rng.standard_normal((b, 3, 640, 640)).astype(np.float32)},
-            )
-            out["ppocr_v4_rec"] = (
-                d / "models" / "ch_PP-OCRv4_rec_infer.onnx",
-                lambda b: {"x": rng.standard_normal((b, 3, 48, 320)).astype(np.float32)},
-            )
+            out["ppocr_v4_det"] = (d / "models" / "ch_PP-OCRv4_det_infer.onnx", ("image", 640, 640))
+            out["ppocr_v4_rec"] = (d / "models" / "ch_PP-OCRv4_rec_infer.onnx", ("image", 48, 320))
     return out
+
+
+def make_feeds(spec: tuple, batch: int, rng: np.random.Generator) -> dict:
+    """Random inputs of a feed spec at this batch size."""
+    kind, *dims = spec
+    if kind == "tokens":
+        ids = rng.integers(1000, 20000, (batch, dims[0])).astype(np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    if kind == "mel":
+        return {"x": rng.standard_normal((batch, *dims)).astype(np.float32)}
+    return {"x": rng.standard_normal((batch, 3, *dims)).astype(np.float32)}
+
+
+def exported(tmp: Path, names: list[str]) -> dict:
+    """export_models run in a child process: torch never loads into the timing process.
+
+    torch brings libgomp's default workers (spinning ~10 ms after each parallel region) before
+    ember sets GOMP_SPINCOUNT (kernels.cpu.numba_or_none); in one process with them ember's
+    ResNet-50 b1 took 32.7 ms instead of 23.6 (its pool's workers and numba's fought for the
+    cores). ember's users run inference without torch.
+    """
+    code = (
+        "import json, sys; from pathlib import Path; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+        "import onnx_models as B; out = B.export_models(Path(sys.argv[3]), sys.argv[4:]); "
+        "print(json.dumps({k: [str(p), list(s)] for k, (p, s) in out.items()}))"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    res = subprocess.run(
+        [sys.executable, "-c", code, here, ROOT, str(tmp), *names],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return {k: (Path(p), tuple(s)) for k, (p, s) in json.loads(res.stdout.splitlines()[-1]).items()}
+
+
+SETTLE_S = 0.1  # idle before each engine's turn (see the module docstring)
 
 
 def time_pair(path: Path, feeds: dict, threads: int, repeat: int) -> dict:
@@ -151,7 +173,8 @@ def time_pair(path: Path, feeds: dict, threads: int, repeat: int) -> dict:
     times: dict[str, list[float]] = {k: [] for k in engines}
     for _ in range(repeat):
         for name, fn in engines.items():
-            fn()  # untimed, so the other engine's threads have gone idle
+            time.sleep(SETTLE_S)  # the other engine's threads stop spinning
+            fn()  # untimed: this engine's own threads and caches warm
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
@@ -179,10 +202,11 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     rows = ["| model | batch | onnxruntime ms (median / best) | ember ms (median / best) | ember / ORT |",
             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (path, make) in export_models(Path(tmp), args.models).items():
+        for name, (path, spec) in exported(Path(tmp), args.models).items():
             for b in args.batch:
-                t = time_pair(path, make(b), args.threads, args.repeat)
+                t = time_pair(path, make_feeds(spec, b, rng), args.threads, args.repeat)
                 o, e = statistics.median(t["onnxruntime"]), statistics.median(t["ember"])
                 rows.append(f"| {name} | {b} | {o * 1e3:.1f} / {min(t['onnxruntime']) * 1e3:.1f} | "
                             f"{e * 1e3:.1f} / {min(t['ember']) * 1e3:.1f} | {e / o:.2f}x |")  # fmt: skip

@@ -14,7 +14,7 @@ same in every module. Tests that need another value run a fresh process with the
 | ``EMBER_MALLOC`` | ``keep`` (default), ``system`` | ``system``: leave glibc's malloc thresholds alone (ember.memory) |
 | ``EMBER_FUZZ_EXAMPLES`` | an int | tests only: a longer randomised run of the reader fuzzer |
 
-What ember writes into ``os.environ`` on a user's behalf: ``GOMP_SPINCOUNT=10000`` before numba
+What ember writes into ``os.environ`` on a user's behalf: ``GOMP_SPINCOUNT=0`` before numba
 starts its OpenMP workers, unless the user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` (see
 ``ember.kernels.cpu.numba_or_none``). Not a variable but process state: glibc's malloc keeps freed
 arrays of up to 32 MB for reuse (``ember.memory``), unless ``EMBER_MALLOC=system``.

@@ -217,6 +217,19 @@ def test_fused_conv_op_has_a_backward_matching_torch():
         np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("act", ["hardswish", "silu"])
+def test_fused_conv_op_hardswish_silu_and_scale_have_a_backward_matching_torch(act):
+    x, w, b = _r(2, 4, 6, 5), _r(6, 4, 3, 3), _r(6)
+    tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (x, w, b))
+    tf = torch.nn.functional.hardswish if act == "hardswish" else torch.nn.functional.silu
+    (tf(torch.nn.functional.conv2d(tx, tw, tb, 1, 1)) * 0.5 + 0.25).square().sum().backward()
+    ex, ew, eb = (ember.from_numpy(a).requires_grad_() for a in (x, w, b))
+    y = fused_conv2d(ex, ew, eb, stride=1, padding=1, act=act, scale=0.5, shift=0.25)
+    (y * y).sum().backward()
+    for e, t in ((ex, tx), (ew, tw), (eb, tb)):
+        np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), atol=1e-4, rtol=1e-4)
+
+
 def test_tf_same_padding_and_bad_arguments():
     from ember.models.vision.efficientnet import Conv2dSame
 

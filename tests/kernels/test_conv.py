@@ -42,9 +42,14 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
     K.im2col_reference(x, b, k, k, s, s, pt, pl, oh, ow)
     np.testing.assert_array_equal(a, b)
     wt, bias = _r(k, k, c), _r(c)
-    for act in (0, 1, 2):
+    old = K.DEPTHWISE_SERIAL_BELOW
+    for act, serial_below in ((0, old), (1, old), (2, old), (0, 0), (2, 0)):  # 0: parallel
         o1, o2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)
-        K.depthwise_nhwc(x, wt, bias, o1, s, s, pt, pl, act)
+        K.DEPTHWISE_SERIAL_BELOW = serial_below
+        try:
+            K.depthwise_nhwc(x, wt, bias, o1, s, s, pt, pl, act)
+        finally:
+            K.DEPTHWISE_SERIAL_BELOW = old
         K.depthwise_nhwc_reference(x, wt, bias, o2, s, s, pt, pl, act)
         np.testing.assert_allclose(o1, o2, atol=1e-5)
     m1, m2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)
@@ -76,11 +81,12 @@ def _conv_cases(with_res: bool):
         x, w, b = _r(n, c, *hw), _r(o, c, *k), _r(o)
         ref = K.conv2d_nchw_reference(x, w, s, pads, 1)
         res = _r(*ref.shape) if with_res else None
-        for act in (None, "relu", "relu6"):
+        for act in (None, "relu", "relu6", "hardswish", "silu"):
             kw = dict(stride=s, pads=pads, groups=1, act=act)
             args = (x, PackedWeight(w), b) + ((res,) if with_res else ())
             cases.append((args, kw))
             cases.append(((_cl(x), *args[1:]), kw))  # channels-last input, read in place
+            cases.append((args, {**kw, "scale": 0.7, "shift": -0.25}))  # then a scale/shift
     return cases
 
 
@@ -107,9 +113,10 @@ def test_fused_depthwise_matches_reference():
         (1, 24, 5, (2, 2), (1, 2, 1, 2), (12, 9)),  # TF-same padding
     ]:
         x, w, b = _r(n, c, *hw), _r(c, 1, kk, kk), _r(c)
-        for act in (None, "relu6"):
+        for act in (None, "relu6", "hardswish", "silu"):
             kw = dict(stride=s, pads=pads, groups=c, act=act)
             cases += [((x, w, b), kw), ((_cl(x), w, b), kw)]
+            cases.append(((x, w, b), {**kw, "scale": -1.5, "shift": 0.5}))
     check_kernel(k, cases=cases, rtol=1e-5, atol=1e-5)
     # a residual is not its case (the GEMM's epilogue has it): the op's forward runs then
     x, w, b = _r(1, 4, 5, 5), _r(4, 1, 3, 3), _r(4)
@@ -127,6 +134,17 @@ def test_conv2d_with_a_packed_weight_matches_reference():
     check_kernel(k, cases=cases, rtol=1e-4, atol=1e-4)
     dilated = Geom((1, 1), (2, 2), (0, 0, 0, 0), 1, 2, True)
     assert not k.applies([_r(1, 3, 8, 8), PackedWeight(_r(4, 3, 3, 3))], dict(geom=dilated))
+
+
+@pytest.mark.parametrize("act", [0, 3, 4])
+@pytest.mark.parametrize("rows", [5, 5000])  # the serial and the parallel pass
+def test_post_pass_matches_reference(act, rows):
+    y = _r(rows, 19) * 4
+    y[0, :3] = (-np.inf, np.inf, 50.0)
+    a, b = y.copy(), y.copy()
+    K.post(a, act, 0.75, -0.125)
+    K.post_reference(b, act, 0.75, -0.125)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_max_pool_nhwc_matches_reference():

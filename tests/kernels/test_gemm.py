@@ -57,7 +57,7 @@ def test_avx2_microkernels_match_reference_in_a_fresh_process():
         "from tests.kernels import test_gemm as t\n"
         "assert t.NR == 16, t.NR\n"
         "for case in t.CONV_CASES:\n"
-        "    t.test_conv_gemm_matches_reference(*case, 2)\n"
+        "    t.test_conv_gemm_matches_reference(*case, 2, True)\n"
         "t.test_linear_rows_match_reference(13, 33, 65)\n"
         "t.test_activations_keep_nan_like_torch()\n"
         "t.test_linear_kernel_matches_reference()\n"
@@ -80,7 +80,18 @@ CONV_CASES = [  # n, h, w, c, o, k, stride, pad
 
 @pytest.mark.parametrize("n,h,w,c,o,k,s,pad", CONV_CASES)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads, parallel):
+    # parallel: the driver's parallel region even for these small products (they run serially)
+    old = G.SERIAL_BELOW
+    G.SERIAL_BELOW = 0 if parallel else old
+    try:
+        _conv_gemm_case(n, h, w, c, o, k, s, pad, threads)
+    finally:
+        G.SERIAL_BELOW = old
+
+
+def _conv_gemm_case(n, h, w, c, o, k, s, pad, threads):
     a, rowoff, tapoff, _ = _conv_case(n, h, w, c, o, k, s, pad)
     for act, with_res in ((0, False), (1, True), (2, False)):
         _check(a, rowoff, tapoff, c, o, act, with_res, threads)
@@ -220,3 +231,30 @@ def test_without_microkernels_nothing_is_packed_in_a_fresh_process():
     env = {**os.environ, "EMBER_SGEMM_ISA": "none"}
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True, timeout=300)
+
+
+def test_products_from_several_threads_at_once_on_the_pool():
+    """Python threads calling products together: one holds the pool, the others run alone."""
+    import threading
+
+    old = G.SERIAL_BELOW
+    G.SERIAL_BELOW = 0  # every product on the pool's path
+    try:
+        xs = [RNG.standard_normal((37, 48)).astype(np.float32) for _ in range(4)]
+        w = G.PackedWeight(RNG.standard_normal((70, 48)).astype(np.float32))
+        want = [x @ np.asarray(w).T for x in xs]
+        got: list = [None] * 4
+
+        def work(i):
+            for _ in range(30):
+                got[i] = G.linear_packed(xs[i], w)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+    finally:
+        G.SERIAL_BELOW = old

@@ -1,10 +1,12 @@
 """The fused convolution op of optimized models: act(conv2d(x, w) + bias [+ residual]).
 
 ``fused_conv2d`` is an ordinary op: its ``forward`` is the numpy reference (ember.ops.conv's
-convolution, then bias, residual and ReLU/ReLU6) with a ``backward``, so it runs anywhere and
-trains; its kernels (kernels.cpu.conv, registered for ``fused_conv2d``) are the implicit GEMM on
-a ``PackedWeight`` (kernels.cpu.gemm) and the channels-last depthwise kernel, both returning
-channels-last results. Without numba or the microkernels the reference runs.
+convolution, then bias, residual, the activation and an optional scalar scale and shift) with a
+``backward``, so it runs anywhere and trains; its kernels (kernels.cpu.conv, registered for
+``fused_conv2d``) are the implicit GEMM on a ``PackedWeight`` (kernels.cpu.gemm) and the
+channels-last depthwise kernel, both returning channels-last results (ReLU/ReLU6 in the GEMM's
+epilogue; hard swish, SiLU and the scale/shift in one pass over the result after it). Without
+numba or the microkernels the reference runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ember.errors import DTypeError, ShapeError
 from ember.ops.conv import Geom, _conv_bwd, _conv_fwd, _out_size
 from ember.tensor import Tensor
 
-ACTS = (None, "relu", "relu6")
+ACTS = (None, "relu", "relu6", "hardswish", "silu")
 
 
 def tf_same_pads(size: int, k: int, s: int, d: int = 1) -> tuple[int, int]:
@@ -31,7 +33,28 @@ def _act(y: np.ndarray, act: str | None) -> np.ndarray:
         np.maximum(y, 0, out=y)
     elif act == "relu6":
         np.clip(y, 0, 6, out=y)
+    elif act in ("hardswish", "silu"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            if act == "hardswish":
+                y *= np.clip(y + 3, 0, 6) / 6
+            else:
+                y /= 1 + np.exp(-y)
     return y
+
+
+def _act_grad(g: np.ndarray, y: np.ndarray, z: np.ndarray | None, act: str | None) -> np.ndarray:
+    """g through the activation: y its output, z its input (kept for hard swish and SiLU)."""
+    if act == "relu":
+        return g * (y > 0)
+    if act == "relu6":
+        return g * ((y > 0) & (y < 6))
+    if act == "hardswish":
+        return g * np.where(z < -3, 0.0, np.where(z > 3, 1.0, (2 * z + 3) / 6)).astype(g.dtype)
+    if act == "silu":
+        with np.errstate(over="ignore"):
+            s = 1 / (1 + np.exp(-z))
+        return g * (s * (1 + z * (1 - s))).astype(g.dtype)
+    return g
 
 
 class FusedConv(Function):
@@ -39,29 +62,30 @@ class FusedConv(Function):
 
     kernel_op = "fused_conv2d"
 
-    def forward(self, x, w, b, res=None, *, stride, pads, groups, act):
+    def forward(self, x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
         self.geom = Geom(stride, (1, 1), pads, groups, 2, True)
         self.x, self.w = x, w
         y = _conv_fwd(x, np.asarray(w), self.geom)
         y += b[:, None, None]
         if res is not None:
             y += res
+        self.z = y.copy() if act in ("hardswish", "silu") else None
         self.y = _act(y, act)
-        self.act = act
+        self.act, self.scale = act, scale
+        if scale != 1.0 or shift != 0.0:
+            y = y * np.float32(scale) + np.float32(shift)
         return y
 
-    def meta(self, x, w, b, res=None, *, stride, pads, groups, act):
+    def meta(self, x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
         (sh, sw), (pt, pb, pl, pr) = stride, pads
         oh = _out_size(x.shape[2], w.shape[2], sh, 1, pt, pb)
         ow = _out_size(x.shape[3], w.shape[3], sw, 1, pl, pr)
         return (x.shape[0], w.shape[0], oh, ow), x.dtype
 
     def backward(self, g):
-        y, act = self.y, self.act
-        if act == "relu":
-            g = g * (y > 0)
-        elif act == "relu6":
-            g = g * ((y > 0) & (y < 6))
+        if self.scale != 1.0:
+            g = g * np.float32(self.scale)
+        g = _act_grad(g, self.y, self.z, self.act)
         need = self.needs_input_grad
         w = np.asarray(self.w)
         gx, gw = _conv_bwd(self.x, w, g, self.geom, need[0], need[1])
@@ -89,11 +113,14 @@ def fused_conv2d(
     padding=0,
     groups: int = 1,
     act: str | None = None,
+    scale: float = 1.0,
+    shift: float = 0.0,
 ) -> Tensor:
-    """act(conv2d(input, weight, bias, stride, padding, groups=groups) [+ residual]).
+    """act(conv2d(input, weight, bias, stride, padding, groups=groups) [+ residual]) * scale + shift.
 
     input (N, C, H, W) float32; padding: an int, (h, w), (top, bottom, left, right) or
-    "tf_same" (TensorFlow's SAME, from the input size); act: None, "relu" or "relu6". With a
+    "tf_same" (TensorFlow's SAME, from the input size); act: None, "relu", "relu6", "hardswish"
+    or "silu"; scale and shift: numbers (an exported model's affine after the activation). With a
     packed weight the result is channels-last (an (N, O, OH, OW) view of NHWC memory).
     """
     if act not in ACTS:
@@ -114,6 +141,8 @@ def fused_conv2d(
     stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
     pads = _pads(padding, tuple(input.shape[2:]), (kh, kw), stride)
     kw_ = dict(stride=stride, pads=pads, groups=int(groups), act=act)
+    if scale != 1.0 or shift != 0.0:
+        kw_.update(scale=float(scale), shift=float(shift))
     if residual is None:
         return FusedConv.apply(input, weight, bias, **kw_)
     return FusedConv.apply(input, weight, bias, residual, **kw_)

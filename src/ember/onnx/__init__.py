@@ -15,11 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["load", "OnnxModule", "supported_ops"]
 
 
-def load(src: Any) -> OnnxModule:
-    """Load an ONNX model (a path, or the file's bytes) as a callable ember module."""
+def load(src: Any, optimize: bool = True) -> OnnxModule:
+    """Load an ONNX model (a path, or the file's bytes) as a callable ember module.
+
+    optimize (default): rewrite the graph once for inference (constants folded, convolutions
+    fused channels-last on packed weights, products by constant weights on the packed GEMM,
+    attention and spelled-out activations as ember's ops); False runs its nodes as they are.
+    """
     from ember.onnx._model import load as _load
 
-    return _load(src)
+    return _load(src, optimize)
 
 
 def supported_ops() -> list[str]:

@@ -81,6 +81,7 @@ class Graph:
             self.initializers[t.name] = to_tensor(
                 tensor_to_numpy(t, base), f"initializer {t.name!r}"
             )
+        self.constants: dict[str, Tensor] = dict(self.initializers)  # what run() reads
         if len(g.sparse_initializer):
             raise UnsupportedError(f"{where}: sparse initializers are not supported")
         self.inputs = [v.name for v in g.input if v.name not in self.initializers]
@@ -182,7 +183,8 @@ class Graph:
     def run(self, feeds: dict[str, Tensor], scope: dict[str, Tensor] | None = None) -> list[Tensor]:
         """Evaluate the graph on the given inputs (and the enclosing scope, for subgraphs)."""
         env: dict[str, Any] = dict(scope) if scope else {}
-        env.update(self.initializers)
+        consts = self.constants
+        env.update(consts)
         env.update(feeds)
         last = self._last_use
         for i, nd in enumerate(self.nodes):
@@ -202,12 +204,7 @@ class Graph:
                 if name:
                     env[name] = v
             for name in nd.inputs:
-                if (
-                    name
-                    and last.get(name) == i
-                    and name not in self.initializers
-                    and name not in feeds
-                ):
+                if name and last.get(name) == i and name not in consts and name not in feeds:
                     env.pop(name, None)
         return [env[o] for o in self.outputs]
 

@@ -81,7 +81,9 @@ def _opset(model, where: str) -> int:
 class OnnxModule(Module):
     """An ONNX graph run on ember ops; call with inputs by position or by name."""
 
-    def __init__(self, model, base: Path | None, where: str = "<onnx>") -> None:
+    def __init__(
+        self, model, base: Path | None, where: str = "<onnx>", optimize: bool = True
+    ) -> None:
         super().__init__()
         opset = _opset(model, where)
         functions: dict = {}
@@ -89,6 +91,10 @@ class OnnxModule(Module):
             functions[(f.domain, f.name)] = _Function(f, functions, _fn_opset(f, opset))
         self.opset = opset
         self.graph = Graph(model.graph, opset, base, functions, where=where)
+        if optimize:
+            from ember.onnx._optimize import optimize as _optimize
+
+            _optimize(self.graph)
         self.input_names: list[str] = list(self.graph.inputs)
         self.output_names: list[str] = list(self.graph.outputs)
         self._dtypes = {n: input_dtype(self.graph.input_info[n], f"{where}: input {n!r}")
@@ -153,16 +159,17 @@ def _fn_opset(f, default: int) -> int:
     return default
 
 
-def load(src: str | Path | bytes) -> OnnxModule:
-    """Load an ONNX model (a path, or the file's bytes) as an ember module."""
+def load(src: str | Path | bytes, optimize: bool = True) -> OnnxModule:
+    """Load an ONNX model (a path, or the file's bytes) as an ember module (optimize: see
+    ember.onnx._optimize; False runs the graph's nodes as they are)."""
     data, base, where = read_source(src)
     model = parse_model(data, where)
     try:
-        return OnnxModule(model, base, where)
+        return OnnxModule(model, base, where, optimize)
     except RecursionError:
         raise FormatError(f"{where}: subgraphs nested too deeply") from None
 
 
-def from_model_proto(model, base: str | Path | None = None) -> OnnxModule:
+def from_model_proto(model, base: str | Path | None = None, optimize: bool = True) -> OnnxModule:
     """An already parsed onnx.ModelProto as an ember module (external data read from base)."""
-    return OnnxModule(model, Path(base).resolve() if base is not None else None)
+    return OnnxModule(model, Path(base).resolve() if base is not None else None, optimize=optimize)

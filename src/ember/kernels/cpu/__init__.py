@@ -17,15 +17,18 @@ def numba_or_none():
     """The numba module, or None when it is not installed or EMBER_NO_NUMBA=1."""
     global _numba
     if _numba is False:
-        # How numba's OpenMP workers wait between parallel regions. libgomp's default spins for
-        # 300k rounds (~10 ms here): with another busy process on the machine that turned a
-        # 40 us matrix-vector product into a 13 ms one (the spinners hold the core the main
-        # thread needs). Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up per
-        # region instead: bench/gemm.py's "tiny" product takes 84 us that way, 12 us with 10k
-        # rounds (~0.1-0.2 ms), which keep the workers awake from one layer to the next (a
-        # ResNet-50 pass has ~54 regions). Users' own OMP_WAIT_POLICY / GOMP_SPINCOUNT win.
+        # How numba's OpenMP workers wait between parallel regions: they go to sleep at once
+        # (GOMP_SPINCOUNT=0), a futex wake-up per region. libgomp's default spins 300k rounds
+        # (~10 ms): with another busy process on the machine that turned a 40 us matrix-vector
+        # product into a 13 ms one (the spinners hold the core the main thread needs). 10k rounds
+        # (~0.1-0.2 ms, ember's setting before) kept workers awake from one layer to the next on
+        # an idle machine, but on a shared one (2 cores, load ~4) every spin is charged to this
+        # process by the scheduler and each region then waited for a core: 0.5 ms for a 13 us
+        # conv, ResNet-50 b1 66 ms vs 39 ms asleep (bench/vision.py, torch eager in the same
+        # process 215 vs 56 ms: it shares libgomp), MobileNetV2 b1 37 vs 12 ms; decoding (ember's
+        # own worker pool) is unchanged. Users' own OMP_WAIT_POLICY / GOMP_SPINCOUNT win.
         if "OMP_WAIT_POLICY" not in os.environ:
-            os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+            os.environ.setdefault("GOMP_SPINCOUNT", "0")
         if config.NO_NUMBA:
             _numba = None
         else:

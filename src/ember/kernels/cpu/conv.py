@@ -8,7 +8,8 @@ depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the 
 stem) with a plain weight runs on the same GEMM, its weight packed per call (``conv1d_gemm``).
 Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, L) view of
 (N, L, C) for conv1d), which the next of these kernels reads without a copy.
-Depthwise conv, max pooling and copy4d spread output rows over numba's threads; im2col (each
+Depthwise conv (and the post pass) run their rows as tasks on ember's worker pool
+(kernels.cpu.pool_tasks), max pooling and copy4d over numba's threads; im2col (each
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
 
 Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients
@@ -34,8 +35,9 @@ from ember.errors import ShapeError
 from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
+from ember.threads import get_num_threads
 
-ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2}
+ACTS = {None: 0, "none": 0, "relu": 1, "relu6": 2, "hardswish": 3, "silu": 4}
 _F32 = np.dtype(np.float32)
 _K: dict = {}
 _NCHW = None
@@ -69,6 +71,22 @@ def _act_reference(y: np.ndarray, act: int) -> np.ndarray:
         np.maximum(y, 0, out=y)
     elif act == 2:
         np.clip(y, 0, 6, out=y)
+    elif act in (3, 4):
+        with np.errstate(over="ignore", invalid="ignore"):  # -inf: NaN, as in the kernel
+            if act == 3:
+                y *= np.clip(y + 3, 0, 6) / 6
+            else:
+                y /= 1 + np.exp(-y)
+    return y
+
+
+def post_reference(y: np.ndarray, act: int, scale: float, shift: float) -> np.ndarray:
+    """y (M, C) <- act(y) * scale + shift in place (act 0 none, 3 hard swish, 4 SiLU)."""
+    _act_reference(y, act)
+    if scale != 1.0:
+        y *= np.float32(scale)
+    if shift != 0.0:
+        y += np.float32(shift)
     return y
 
 
@@ -96,6 +114,63 @@ def maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ numba kernels
+# row bodies shared by the parallel kernels, their serial variants and the pool's tasks
+# (kernels.cpu.pool_tasks); module globals so that numba's cache keys them on their code
+def _dw_rows_py(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover - compiled
+    """Output rows r0..r1-1 (of N * OH) of the NHWC depthwise conv (+ bias, ReLU/ReLU6)."""
+    n, h, wd, c = x.shape
+    kh, kw = w.shape[0], w.shape[1]
+    oh, ow = out.shape[1], out.shape[2]
+    for r in range(r0, r1):
+        b = r // oh
+        y = r - b * oh
+        for xo in range(ow):
+            acc = out[b, y, xo]
+            for t in range(c):
+                acc[t] = bias[t]
+            for i in range(kh):
+                ih = y * sh - pt + i
+                if ih < 0 or ih >= h:
+                    continue
+                for j in range(kw):
+                    iw = xo * sw - pl + j
+                    if iw < 0 or iw >= wd:
+                        continue
+                    src = x[b, ih, iw]
+                    wt = w[i, j]
+                    for t in range(c):
+                        acc[t] += src[t] * wt[t]
+            if act == 1:
+                for t in range(c):
+                    acc[t] = max(acc[t], 0.0)
+            elif act == 2:
+                for t in range(c):
+                    acc[t] = min(max(acc[t], 0.0), 6.0)
+
+
+def _post_rows_py(y, act, scale, shift, r0, r1):  # pragma: no cover - compiled
+    """Rows r0..r1-1 of y (M, C) <- act(y) * scale + shift (act 0, 3 hard swish, 4 SiLU)."""
+    c = y.shape[1]
+    three, six, sixth, one = np.float32(3), np.float32(6), np.float32(1 / 6), np.float32(1)
+    zero = np.float32(0)
+    for r in range(r0, r1):
+        row = y[r]
+        if act == 3:
+            for t in range(c):
+                v = row[t]
+                row[t] = v * min(max(v + three, zero), six) * sixth * scale + shift
+        elif act == 4:
+            for t in range(c):
+                v = row[t]
+                row[t] = v / (one + np.exp(-v)) * scale + shift
+        else:
+            for t in range(c):
+                row[t] = row[t] * scale + shift
+
+
+_dw_rows = _post_rows = None  # compiled by _build_nhwc
+
+
 def _build_nhwc(nb):
     # no "nnan"/"ninf" fast-math: NaN must win max pooling and pass through ReLU, as in torch
     opts = dict(nogil=True, cache=True, fastmath=set(FASTMATH))
@@ -131,36 +206,20 @@ def _build_nhwc(nb):
                         row[d0 + t] = 0.0
         return out
 
+    g = globals()
+    g["_dw_rows"] = nb.njit(**opts)(_dw_rows_py)
+    g["_post_rows"] = nb.njit(**opts)(_post_rows_py)
+
     @nb.njit(parallel=True, **opts)
     def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
-        n, h, wd, c = x.shape
-        kh, kw = w.shape[0], w.shape[1]
-        oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(n * oh):
-            b = r // oh
-            y = r - b * oh
-            for xo in range(ow):
-                acc = out[b, y, xo]
-                for t in range(c):
-                    acc[t] = bias[t]
-                for i in range(kh):
-                    ih = y * sh - pt + i
-                    if ih < 0 or ih >= h:
-                        continue
-                    for j in range(kw):
-                        iw = xo * sw - pl + j
-                        if iw < 0 or iw >= wd:
-                            continue
-                        src = x[b, ih, iw]
-                        wt = w[i, j]
-                        for t in range(c):
-                            acc[t] += src[t] * wt[t]
-                if act == 1:
-                    for t in range(c):
-                        acc[t] = max(acc[t], 0.0)
-                elif act == 2:
-                    for t in range(c):
-                        acc[t] = min(max(acc[t], 0.0), 6.0)
+        rows = out.shape[0] * out.shape[1]
+        for r in nb.prange(rows):
+            _dw_rows(x, w, bias, out, sh, sw, pt, pl, act, r, r + 1)
+        return out
+
+    @nb.njit(**opts)
+    def depthwise_serial(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
+        _dw_rows(x, w, bias, out, sh, sw, pt, pl, act, 0, out.shape[0] * out.shape[1])
         return out
 
     @nb.njit(parallel=True, **opts)
@@ -199,9 +258,21 @@ def _build_nhwc(nb):
                 for t in range(c):
                     d[t] = s[t]
 
+    @nb.njit(parallel=True, **opts)
+    def post(y, act, scale, shift):  # pragma: no cover - compiled
+        for r in nb.prange(y.shape[0]):
+            _post_rows(y, act, scale, shift, r, r + 1)
+        return y
+
+    @nb.njit(**opts)
+    def post_serial(y, act, scale, shift):  # pragma: no cover - compiled
+        _post_rows(y, act, scale, shift, 0, y.shape[0])
+        return y
+
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
-        "copy4d": copy4d,
+        "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
+        "post_serial": post_serial,
     }  # fmt: skip
 
 
@@ -213,6 +284,10 @@ def _kernels():
 
 
 # ------------------------------------------------------------------ NHWC entry points
+# depthwise convs of fewer multiply-adds run on the calling thread (see gemm.SERIAL_BELOW)
+DEPTHWISE_SERIAL_BELOW = 1 << 19
+
+
 def im2col(x, out, kh, kw, sh, sw, pt, pl, oh, ow) -> np.ndarray:
     """x (N, H, W, C) float32 contiguous -> out (N*OH*OW, kh*kw*C), zero padding."""
     k = _kernels()
@@ -226,7 +301,42 @@ def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
     k = _kernels()
     if k is None:
         return depthwise_nhwc_reference(x, w, bias, out, sh, sw, pt, pl, act)
-    return k["depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+    small = out.size * w.shape[0] * w.shape[1] < DEPTHWISE_SERIAL_BELOW
+    if not small and _on_pool(x, w, bias, out):
+        from ember.kernels.cpu import pool_tasks
+
+        pool_tasks.depthwise(x, w, bias, out, sh, sw, pt, pl, act, get_num_threads())
+        return out
+    return k["depthwise_serial" if small else "depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
+
+
+def _on_pool(*arrays) -> bool:
+    """Whether a kernel's parallel work goes to ember's pool (kernels.cpu.pool_tasks)."""
+    if not G.USE_POOL or get_num_threads() == 1:
+        return False
+    for a in arrays:
+        if a.dtype != _F32 or not a.flags.c_contiguous:
+            return False
+    from ember.kernels.cpu import pool_tasks
+
+    return pool_tasks.state() is not None
+
+
+POST_SERIAL_BELOW = 1 << 16  # elements: smaller results get their post pass on this thread
+
+
+def post(y: np.ndarray, act: int, scale: float = 1.0, shift: float = 0.0) -> np.ndarray:
+    """y (M, C) contiguous float32 <- act(y) * scale + shift in place (act 0, 3 or 4)."""
+    k = _kernels()
+    if k is None:
+        return post_reference(y, act, scale, shift)
+    small = y.size < POST_SERIAL_BELOW
+    if not small and _on_pool(y):
+        from ember.kernels.cpu import pool_tasks
+
+        pool_tasks.post(y, act, scale, shift, get_num_threads())
+        return y
+    return k["post_serial" if small else "post"](y, act, np.float32(scale), np.float32(shift))
 
 
 def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
@@ -375,15 +485,23 @@ def conv2d_nchw_reference(x, w, stride, pads, groups: int) -> np.ndarray:
     return out.reshape(n, o, oh, ow)
 
 
-def fused_conv2d_reference(x, w, b, res=None, *, stride, pads, groups, act):
-    """act(conv2d(x, w) + b [+ res]): the fused_conv2d op's numpy reference."""
+def fused_conv2d_reference(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
+    """act(conv2d(x, w) + b [+ res]) * scale + shift: the fused_conv2d op's numpy reference."""
     y = conv2d_nchw_reference(x, w, stride, pads, groups) + b[:, None, None]
     if res is not None:
         y += res
-    return _act_reference(y, ACTS[act])
+    return _act_reference(y, ACTS[act]) * np.float32(scale) + np.float32(shift)
 
 
-def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
+def _post(out: np.ndarray, code: int, scale: float, shift: float) -> np.ndarray:
+    """The part of the epilogue after the kernel (hard swish, SiLU, scale and shift): in place."""
+    if code > 2 or scale != 1.0 or shift != 0.0:
+        n, h, w, c = out.shape
+        post(out.reshape(n * h * w, c), code if code > 2 else 0, scale, shift)
+    return out
+
+
+def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0) -> bool:
     return groups == 1 and G.packed_panels(w) is not None and x.ndim == 4
 
 
@@ -393,13 +511,19 @@ def _gemm_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
     when=_gemm_applies,
     available=G.microkernels_available,
 )
-def fused_conv2d_gemm(x, w, b, res=None, *, stride, pads, groups, act):
+def fused_conv2d_gemm(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
     """The implicit GEMM on w's panels (``conv_gemm``); channels-last result."""
     bias = np.ascontiguousarray(b)
-    return conv_gemm(x, w.panels, w.shape[0], w.shape[2:], bias, res, stride, pads, ACTS[act])
+    code = ACTS[act]
+    ir_act = code if code <= 2 else 0  # ReLU/ReLU6 in the GEMM epilogue, the rest after it
+    y = conv_gemm(x, w.panels, w.shape[0], w.shape[2:], bias, res, stride, pads, ir_act)
+    _post(y.transpose(0, 2, 3, 1), code, scale, shift)
+    return y
 
 
-def _depthwise_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
+def _depthwise_applies(
+    x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0
+) -> bool:
     return res is None and x.ndim == 4 and w.shape[1] == 1 and groups == x.shape[1] == w.shape[0]
 
 
@@ -409,7 +533,7 @@ def _depthwise_applies(x, w, b, res=None, *, stride, pads, groups, act) -> bool:
     when=_depthwise_applies,
     available=have_numba,
 )
-def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act):
+def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act, scale=1.0, shift=0.0):
     """Depthwise conv (+ bias, activation) over NHWC rows in parallel; channels-last result."""
     a = nhwc(x)
     n, h, wd, c = a.shape
@@ -417,8 +541,11 @@ def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act):
     oh, ow = _out_hw(h, wd, kh, kw, stride, pads)
     wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
     out = np.empty((n, oh, ow, c), _F32)
-    depthwise_nhwc(a, wt, np.ascontiguousarray(b), out, *stride, pads[0], pads[2], ACTS[act])
-    return channels_last(out)
+    code = ACTS[act]
+    depthwise_nhwc(
+        a, wt, np.ascontiguousarray(b), out, *stride, pads[0], pads[2], code if code <= 2 else 0
+    )
+    return channels_last(_post(out, code, scale, shift))
 
 
 def conv2d_reference(x, w, b=None, *, geom):

@@ -24,9 +24,11 @@ residual and clamps (ReLU/ReLU6) while the tile is in registers. bench/gemm.py c
 the zoo's shapes with numpy's OpenBLAS and torch: per product it is level with OpenBLAS (ahead
 on small-M and conv shapes, where OpenBLAS packs A and needs an im2col) and 3-25% behind
 torch's MKL/oneDNN; in a whole network it wins by never repacking and never copying.
-The microkernels are registered as symbols that a numba driver (``_driver_py``) calls; the
-driver splits the output into tasks (blocks of pixels or groups of panels) over numba's threads
-and blocks K so that the panel rows in use stay in L1 (see its docstring).
+The microkernels are registered as symbols that a numba driver (``_driver_py``) calls; it
+blocks K so that the panel rows in use stay in L1 (see its docstring). Small products run it on
+the calling thread; larger ones are cut into tasks (blocks of pixels times groups of panels)
+that ember's worker pool hands out by work claiming (kernels.cpu.pool_tasks: a preempted thread
+never holds the product up, as numba's barrier did on a busy machine).
 
 Behind ops: a weight packed once is a ``PackedWeight`` (an ndarray with the weight's values that
 carries its panels; ember.inference.pack makes them), and the ops pick the GEMM by that weight
@@ -391,11 +393,8 @@ def _build_driver(nb):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
     g["prange"] = nb.prange
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
-    parallel = nb.njit(nogil=True, cache=True, parallel=True)(_driver_py)
-    # the same loops on the calling thread (prange is range): for callers that run their own
-    # tasks (tiles.run_tiles) and must not start numba's team from each of them
     serial = nb.njit(nogil=True, cache=True)(renamed(_driver_py, "serial"))
-    return parallel, serial
+    return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py), serial
 
 
 def _state():
@@ -411,7 +410,7 @@ def _state():
             w, nv, mr = ISAS[isa]
             names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]
             _STATE.update(engine=jit_ir(_microkernels_ir(w, nv), names), nr=nv * w, mr=mr)
-            _STATE["driver"], _STATE["driver1"] = _build_driver(nb)
+            _STATE["driver"], _STATE["serial"] = _build_driver(nb)
     return _STATE
 
 
@@ -461,6 +460,10 @@ def microkernel():
     return None if st["isa"] is None else (_micro, st["mr"], st["nr"])
 
 
+# products of fewer multiply-adds than this run on the calling thread, as one task: a parallel
+# region's wake-up (the workers sleep between regions) costs more than the second thread saves
+SERIAL_BELOW = 1 << 21
+USE_POOL = True  # False: numba's prange driver, one task per thread (before the pool; to compare)
 CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays in L1/L2)
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
@@ -485,13 +488,19 @@ def gemm(
     _check(a, rowoff, tapoff, kc, packed, bias, res, out, st["nr"], span)
     if m == 0:
         return out
-    if threads == 1:
-        st["driver1"](
-            a, rowoff, tapoff, kc, packed, bias, out if res is None else res,
-            int(res is not None), act, out, st["mr"], 1, 1, CHUNK_PIXELS, K_BLOCK,
+    panels, mr = packed.shape[0], st["mr"]
+    if threads == 1 or m * o * packed.shape[1] < SERIAL_BELOW:  # waking the workers costs more
+        st["serial"](
+            a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None),
+            act, out, mr, 1, 1, CHUNK_PIXELS, K_BLOCK,
         )  # fmt: skip
         return out
-    panels, mr = packed.shape[0], st["mr"]
+    if USE_POOL:
+        from ember.kernels.cpu import pool_tasks
+
+        if pool_tasks.state() is not None:
+            pool_tasks.gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads)
+            return out
     # one task per thread, the same split every call: the rows a thread writes in one layer are
     # the rows it reads in the next, from its own cache (measured: handing out 4 tasks per
     # thread from a shared counter cost ~2-3 ms of a ResNet-50 pass)

@@ -308,7 +308,7 @@ def _onnx_weights(path) -> dict:
     """The weights of an Ultralytics ONNX export: its initializers keep the module names."""
     import ember.onnx
 
-    inits = ember.onnx.load(path).initializers
+    inits = ember.onnx.load(path, optimize=False).initializers  # the weights only: no rewrite
     sd = {k: v for k, v in inits.items() if k.startswith("model.")}
     if "model.0.conv.weight" not in sd:
         raise FormatError(f"{path}: no 'model.0.conv.weight' initializer: not a YOLOv8 export")

@@ -1,0 +1,332 @@
+"""Convolutions of an imported graph as ``fused_conv2d`` calls on packed, channels-last weights.
+
+A ``Conv`` (1-D or 2-D, no dilation, dense or depthwise) by a constant weight becomes one node
+that calls ember.inference.ops' ``fused_conv2d``, as ``optimize_for_inference`` makes a
+module tree's convolutions ``FusedConv2d``. The chain that follows the conv's output, while each
+value in it has that one reader and is no graph output, is folded in:
+
+- ``BatchNormalization`` (inference), and ``Mul``/``Div``/``Add``/``Sub`` by a constant that is
+  one value per output channel (or a scalar): into the weight and bias (float64 maths);
+- then an ``Add`` of another computed value: the residual of the GEMM's epilogue;
+- then ``Relu``, ``Clip(0, 6)``, ``Clip(0, inf)``, ``HardSwish`` or SiLU (``x * Sigmoid(x)``,
+  spelled out or not: the activation patterns are made single nodes first): its activation;
+- then ``Mul``/``Div``/``Add``/``Sub`` by a scalar constant: the op's scale and shift.
+
+The dense weight is a ``PackedWeight`` (the GEMM's panels, packed here once); the result is
+channels-last, which the next fused conv, max pool or global pool reads in place, so a network's
+activations stay NHWC from conv to conv and ops that care about layout (a reshape, a concat) make
+the one copy they need. A residual whose run-time shape is not the conv's output shape (one that
+broadcasts) is added after the conv instead, as the original ``Add`` would.
+
+A ``ConvTranspose`` whose kernel equals its stride (no padding, group 1: an upsampling head)
+computes one product over channels (``F.linear`` on a packed (C, kh*kw*O) weight) and a copy that
+interleaves the taps; the chain after it (affine, BatchNormalization, activation) folds in the
+same way, the activation applied after the product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ember
+from ember.inference.ops import fused_conv2d
+from ember.kernels.cpu import gemm as G
+from ember.kernels.cpu import have_numba
+from ember.nn import functional as F
+from ember.onnx._ops_conv import _geometry
+from ember.onnx._optimize import Rewriter, fused_node
+from ember.tensor import Tensor
+
+_F32 = np.dtype(np.float32)
+
+
+def per_channel(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel (dim 1 of rank-`rank` data) or a
+    scalar, as a float64 (channels,) array; None for any other shape."""
+    if c.ndim > rank or c.dtype.kind != "f":
+        return None
+    shape = (1,) * (rank - c.ndim) + tuple(c.shape)
+    if any(s != 1 for i, s in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    v = c.astype(np.float64).reshape(-1)
+    return np.broadcast_to(v, (channels,)).copy()
+
+
+def _other(nd, name: str) -> str | None:
+    """The input of a two-input node that is not name (None when both are, or it has not two)."""
+    if len(nd.inputs) != 2 or nd.inputs.count(name) != 1:
+        return None
+    return nd.inputs[1] if nd.inputs[0] == name else nd.inputs[0]
+
+
+def _bn(rw: Rewriter, m, channels: int):
+    """(scale, shift) of an inference BatchNormalization with constant parameters, or None."""
+    if len(m.inputs) != 5 or m.attrs.get("training_mode", 0) or any(m.outputs[1:]):
+        return None
+    if m.attrs.opset < 9 and not m.attrs.get("spatial", 1):
+        return None
+    vals = [rw.const(n) for n in m.inputs[1:]]
+    if any(v is None or v.shape != (channels,) or v.dtype.kind != "f" for v in vals):
+        return None
+    gamma, beta, mean, var = (v.astype(np.float64) for v in vals)
+    s = gamma / np.sqrt(var + m.attrs.get("epsilon", 1e-5))
+    return s, beta - mean * s
+
+
+def _act(rw: Rewriter, m) -> str | None:
+    """The fused activation of a Relu ("relu") or a Clip to [0, 6] ("relu6") or [0, inf), or None."""
+    if m.op == "Relu":
+        return "relu"
+    if m.op != "Clip":
+        return None
+    if m.attrs.opset < 11:
+        lo, hi = m.attrs.get("min", None), m.attrs.get("max", None)
+    else:
+        bounds = []
+        for n in (m.inputs[1:] + ["", ""])[:2]:
+            if not n:
+                bounds.append(None)
+                continue
+            v = rw.const(n)
+            if v is None or v.size != 1:
+                return None
+            bounds.append(float(v.reshape(-1)[0]))
+        lo, hi = bounds
+    if lo == 0.0 and hi == 6.0:
+        return "relu6"
+    if lo == 0.0 and (hi is None or hi == float("inf")):
+        return "relu"
+    return None
+
+
+_ACT_OPS = {"HardSwish": "hardswish", "Silu": "silu"}  # single-node activations (onnx, or fused)
+_ACT_FNS = {"relu": F.relu, "relu6": F.relu6, "hardswish": F.hardswish, "silu": F.silu}
+
+
+class _ConvRun:
+    """The fused node's function: act(conv'(x) + b' [+ residual]) * post_scale + post_shift."""
+
+    def __init__(self, conv_at, w: Tensor, b: Tensor, groups: int, act: str | None, nd: int,
+                 post: tuple[float, float] = (1.0, 0.0)) -> None:  # fmt: skip
+        self.conv_at, self.w, self.b = conv_at, w, b
+        self.groups, self.act, self.one_d = groups, act, nd == 1
+        self.scale, self.shift = post
+        self.k = list(w.shape[2:]) if nd == 2 else [w.shape[3]]
+
+    def __call__(self, at, x: Tensor, res: Tensor | None = None) -> Tensor:
+        s, _, lo, hi = _geometry(self.conv_at, list(x.shape[2:]), self.k)
+        if self.one_d:
+            x, stride, pads = x.unsqueeze(2), (1, s[0]), (0, 0, lo[0], hi[0])
+        else:
+            stride, pads = tuple(s), (lo[0], hi[0], lo[1], hi[1])
+        w, b, g, act, sc, sh = self.w, self.b, self.groups, self.act, self.scale, self.shift
+        if res is not None:
+            r = res.unsqueeze(2) if self.one_d and res.ndim == 3 else res
+            if tuple(r.shape) != self._out_shape(x, stride, pads) or r.dtype != x.dtype:
+                y = fused_conv2d(x, w, b, None, stride, pads, g, None)
+                y = (y.squeeze(2) if self.one_d else y) + res  # broadcasts, as the Add did
+                y = y if act is None else _ACT_FNS[act](y)
+                return y if sc == 1.0 and sh == 0.0 else y * sc + sh
+            res = r
+        y = fused_conv2d(x, w, b, res, stride, pads, g, act, sc, sh)
+        return y.squeeze(2) if self.one_d else y
+
+    def _out_shape(self, x: Tensor, stride, pads) -> tuple:
+        n, _, h, wd = x.shape
+        o, _, kh, kw = self.w.shape
+        (sh, sw), (pt, pb, pl, pr) = stride, pads
+        return (n, o, (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
+
+
+def _post(rw: Rewriter, m, out: str, post: tuple[float, float]) -> tuple[float, float] | None:
+    """(scale, shift) after m, a Mul/Div/Add/Sub of out by a scalar constant; else None."""
+    other = _other(m, out) if m.op in ("Mul", "Div", "Add", "Sub") else None
+    c = None if other is None else rw.const(other)
+    if c is None or c.size != 1 or c.dtype.kind != "f" or c.ndim > 4:
+        return None
+    v, (s, t) = float(c.reshape(-1)[0]), post
+    if m.op == "Mul":
+        return s * v, t * v
+    if m.op == "Add":
+        return s, t + v
+    if m.inputs[0] != out or (m.op == "Div" and v == 0.0):
+        return None
+    return (s / v, t / v) if m.op == "Div" else (s, t - v)
+
+
+def _weight(w4: np.ndarray, pack: bool) -> Tensor:
+    t = Tensor._wrap(w4)
+    if pack:
+        t._data = G.PackedWeight(w4)  # set directly: wrapping would make it a plain array
+    return t
+
+
+def _chain(rw: Rewriter, i: int, o: int, rank: int, shift: np.ndarray, residual: bool):
+    """What follows node i's output that its fused node takes (see the module docstring):
+    (nodes, output, residual, activation, (scale, shift) after it, per-channel scale, shift)."""
+    scale = np.ones(o)
+    nd = rw.nodes[i]
+    idxs, out, res, act, post = [i], nd.outputs[0], None, None, None
+    while True:
+        j = rw.sole_user(out)
+        m = rw.node(j)
+        if m is None or not m.outputs or not m.outputs[0]:
+            break
+        if act is not None or post is not None:  # after the activation: a scalar scale/shift
+            nxt = _post(rw, m, out, post or (1.0, 0.0))
+            if nxt is None:
+                break
+            post = nxt
+            idxs.append(j)
+            out = m.outputs[0]
+            continue
+        a = None
+        if m.inputs and m.inputs[0] == out:
+            a = _ACT_OPS.get(m.op) if len(m.inputs) == 1 else None
+            a = a or _act(rw, m)
+        if a is not None:
+            act = a
+        elif res is None and m.op == "BatchNormalization" and m.inputs[0] == out:
+            sb = _bn(rw, m, o)
+            if sb is None:
+                break
+            scale, shift = scale * sb[0], shift * sb[0] + sb[1]
+        elif m.op in ("Mul", "Div", "Add", "Sub") and res is None:
+            other = _other(m, out)
+            if other is None:
+                break
+            c = rw.const(other)
+            v = None if c is None else per_channel(c, o, rank)
+            if c is not None and v is None:
+                break
+            if v is None:  # a computed value: the residual (Add only)
+                if m.op != "Add" or not residual:
+                    break
+                res = other
+            elif m.op == "Mul":
+                scale, shift = scale * v, shift * v
+            elif m.op == "Div" and m.inputs[0] == out and np.all(v != 0):
+                scale, shift = scale / v, shift / v
+            elif m.op == "Add":
+                shift = shift + v
+            elif m.op == "Sub" and m.inputs[0] == out:
+                shift = shift - v
+            else:
+                break
+        else:
+            break
+        idxs.append(j)
+        out = m.outputs[0]
+    return idxs, out, res, act, post, scale, shift
+
+
+def _fuse_one(rw: Rewriter, i: int) -> None:
+    nd = rw.nodes[i]
+    if len(nd.inputs) < 2 or not nd.outputs[0]:
+        return
+    w = rw.const(nd.inputs[1])
+    b = rw.const(nd.inputs[2]) if len(nd.inputs) > 2 and nd.inputs[2] else None
+    if w is None or w.dtype != _F32 or w.ndim not in (3, 4):
+        return
+    if len(nd.inputs) > 2 and nd.inputs[2] and (b is None or b.shape != w.shape[:1]):
+        return
+    at = nd.attrs
+    sp = w.ndim - 2
+    if list(at.get("kernel_shape", w.shape[2:])) != list(w.shape[2:]):
+        return
+    if any(d != 1 for d in at.get("dilations", [1] * sp)):
+        return
+    o, cg = w.shape[:2]
+    g = at.get("group", 1)
+    depthwise = g > 1 and cg == 1 and o == g
+    if g != 1 and not depthwise:
+        return
+    if not (have_numba() if depthwise else G.microkernels_available()):
+        return
+    rank = w.ndim
+    shift0 = np.zeros(o) if b is None else b.astype(np.float64)
+    idxs, out, res, act, post, scale, shift = _chain(rw, i, o, rank, shift0, residual=True)
+    if np.all(scale == 1.0):
+        wf = w
+    else:
+        wf = (w.astype(np.float64) * scale.reshape(-1, *([1] * (rank - 1)))).astype(_F32)
+    w4 = wf if sp == 2 else wf[:, :, None, :]
+    wt = _weight(np.ascontiguousarray(w4), pack=not depthwise)
+    bt = Tensor._wrap(shift.astype(_F32))
+    run = _ConvRun(at, wt, bt, g, act, sp, post or (1.0, 0.0))
+    inputs = [nd.inputs[0]] + ([res] if res is not None else [])
+    rw.replace(idxs, fused_node("FusedConv", inputs, [out], run, nd))
+
+
+class _ConvTransposeRun:
+    """A stride-k, kernel-k transposed conv: one product over channels, then depth-to-space.
+
+    Output pixel (i*kh + a, j*kw + b) of channel o is sum_c x[c, i, j] w[c, o, a, b]: no two
+    input pixels reach the same output pixel, so the op is x (pixels, C) @ W (C, kh*kw*O) on the
+    packed GEMM followed by a copy that interleaves the taps (channels-last result).
+    """
+
+    def __init__(self, w: Tensor, b: Tensor, k: tuple, o: int, act, post, replay) -> None:
+        self.w, self.b, self.k, self.o, self.act, self.replay = w, b, k, o, act, replay
+        self.scale, self.shift = post
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        if x.ndim != 4 or x.dtype != ember.float32 or x.shape[1] != self.w.shape[1]:
+            return self.replay(x)
+        n, _, h, wd = x.shape
+        (kh, kw), o = self.k, self.o
+        y = F.linear(x.permute(0, 2, 3, 1), self.w, self.b)  # (n, h, w, kh*kw*o)
+        y = y.reshape(n, h, wd, kh, kw, o).permute(0, 1, 3, 2, 4, 5).contiguous()
+        y = y.reshape(n, h * kh, wd * kw, o).permute(0, 3, 1, 2)
+        if self.act is not None:
+            y = _ACT_FNS[self.act](y)
+        return y if self.scale == 1.0 and self.shift == 0.0 else y * self.scale + self.shift
+
+
+def _fuse_transpose(rw: Rewriter, i: int) -> None:
+    """ConvTranspose with kernel == stride, no padding, group 1, by a constant weight."""
+    nd = rw.nodes[i]
+    if len(nd.inputs) < 2 or not nd.outputs[0] or not G.microkernels_available():
+        return
+    w = rw.const(nd.inputs[1])
+    b = rw.const(nd.inputs[2]) if len(nd.inputs) > 2 and nd.inputs[2] else None
+    if w is None or w.dtype != _F32 or w.ndim != 4 or 0 in w.shape:
+        return
+    c, o, kh, kw = w.shape
+    if len(nd.inputs) > 2 and nd.inputs[2] and (b is None or b.shape != (o,)):
+        return
+    at = nd.attrs
+    if at.get("group", 1) != 1 or "output_shape" in at:
+        return
+    if list(at.get("kernel_shape", [kh, kw])) != [kh, kw] or list(at.get("strides", [1, 1])) != [
+        kh,
+        kw,
+    ]:
+        return
+    if list(at.get("dilations", [1, 1])) != [1, 1]:
+        return
+    if any(at.get("pads", [0] * 4)) or any(at.get("output_padding", [0, 0])):
+        return
+    if at.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return
+    shift0 = np.zeros(o) if b is None else b.astype(np.float64)
+    idxs, out, _, act, post, scale, shift = _chain(rw, i, o, 4, shift0, residual=False)
+    wf = w.astype(np.float64) * scale.reshape(1, -1, 1, 1)
+    wm = np.ascontiguousarray(wf.transpose(2, 3, 1, 0).reshape(kh * kw * o, c).astype(_F32))
+    bias = Tensor._wrap(np.tile(shift, kh * kw).astype(_F32))
+    from ember.onnx._fuse_dense import Replay
+
+    order = sorted(idxs)
+    replay = Replay([rw.nodes[k] for k in order], [nd.inputs[0]], out, rw.consts)
+    run = _ConvTransposeRun(_weight(wm, pack=True), bias, (kh, kw), o, act, post or (1.0, 0.0),
+                            replay)  # fmt: skip
+    rw.replace(idxs, fused_node("FusedConvTranspose", [nd.inputs[0]], [out], run, nd))
+
+
+def fuse(rw: Rewriter) -> None:
+    """Make every suitable Conv (and the chain it heads) one fused node."""
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "Conv":
+            _fuse_one(rw, i)
+        elif nd is not None and nd.op == "ConvTranspose":
+            _fuse_transpose(rw, i)

@@ -1,0 +1,418 @@
+"""Products by constant weights, attention and spelled-out activations of an imported graph.
+
+- ``MatMul(x, W)`` and ``Gemm(x, W, C)`` by a constant 2-D float32 weight become ``F.linear`` on a
+  ``PackedWeight`` (the ``linear`` op's packed-GEMM kernel: no BLAS call, no packing per call),
+  with a constant bias ``Add`` after a MatMul (or Gemm's constant ``C``) as the linear's bias and
+  Gemm's alpha folded into the weight.
+- ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
+  exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
+  inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
+  is not, the same for every query; converted to a bool key mask), ember's blocked attention
+  kernel runs; any other additive mask goes to the op as it is.
+- The exporters' spelled-out activations become one op each: ``x * (erf(x / sqrt 2) + 1) * 0.5``
+  ``F.gelu``, ``x * clip(x + 3, 0, 6) / 6`` (and ``x * HardSigmoid(x)`` with alpha 1/6)
+  ``F.hardswish``, ``x * Sigmoid(x)`` ``F.silu``.
+
+A fused node meets a run-time input it was not made for (a rank or dtype the kernel does not
+take) by running the nodes it replaced, in order (``Replay``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import ember
+from ember.kernels.cpu import gemm as G
+from ember.nn import functional as F
+from ember.onnx._optimize import Rewriter, fused_node
+from ember.tensor import Tensor
+
+_F32 = np.dtype(np.float32)
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+MASK_DROPS_BELOW = -1e4  # an additive mask value at or below this drops the key (exp underflows)
+
+
+class Replay:
+    """The replaced nodes run as they were, on their own little environment (the fallback)."""
+
+    def __init__(self, nodes: list, inputs: list[str], output: str, consts: dict) -> None:
+        self.nodes, self.inputs, self.output = nodes, inputs, output
+        names = {n for nd in nodes for n in nd.inputs}
+        self.consts = {k: v for k, v in consts.items() if k in names}
+
+    def __call__(self, *args: Tensor | None) -> Tensor:
+        env = dict(self.consts)
+        env.update(zip(self.inputs, args))
+        for nd in self.nodes:
+            out = nd.fn(nd.attrs, *[env.get(n) if n else None for n in nd.inputs])
+            out = out if isinstance(out, (tuple, list)) else (out,)
+            env.update(zip(nd.outputs, out))
+        return env[self.output]
+
+
+def _scalar(rw: Rewriter, name: str) -> float | None:
+    v = rw.const(name)
+    if v is None or v.size != 1 or v.dtype.kind != "f":
+        return None
+    return float(v.reshape(-1)[0])
+
+
+def _other(nd, name: str) -> str | None:
+    if len(nd.inputs) != 2 or nd.inputs.count(name) != 1:
+        return None
+    return nd.inputs[1] if nd.inputs[0] == name else nd.inputs[0]
+
+
+def _packed(w_out_in: np.ndarray) -> Tensor:
+    t = Tensor._wrap(w_out_in)
+    t._data = G.PackedWeight(w_out_in)  # set directly: wrapping would make it a plain array
+    return t
+
+
+# ---- products ------------------------------------------------------------------------------
+
+
+class _LinearRun:
+    """x @ W (+ bias) through F.linear on the packed weight; other ranks/dtypes: the replay."""
+
+    def __init__(self, w: Tensor, b: Tensor | None, b_rank: int, replay: Replay) -> None:
+        self.w, self.b, self.b_rank, self.replay = w, b, b_rank, replay
+
+    def __call__(self, at, x: Tensor, *rest) -> Tensor:
+        if x.dtype != ember.float32 or x.ndim < max(1, self.b_rank):
+            return self.replay(x, *rest)
+        return F.linear(x, self.w, self.b)
+
+
+def _bias_of(c: np.ndarray, n: int) -> np.ndarray | None:
+    """A constant added to (..., n) products as one (n,) bias vector, or None."""
+    if (
+        c.dtype != _F32
+        or any(s != 1 for s in c.shape[:-1])
+        or (c.ndim and c.shape[-1] not in (1, n))
+    ):
+        return None
+    return np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (n,)))
+
+
+def _fuse_matmul(rw: Rewriter, i: int) -> None:
+    nd = rw.nodes[i]
+    if len(nd.inputs) != 2 or nd.inputs[0] in rw.consts:
+        return
+    w = rw.const(nd.inputs[1])
+    if w is None or w.dtype != _F32 or w.ndim != 2 or 0 in w.shape:
+        return
+    idxs, out, nodes, b, b_rank = [i], nd.outputs[0], [nd], None, 0
+    j = rw.sole_user(out)
+    m = rw.node(j)
+    if m is not None and m.op == "Add" and (o := _other(m, out)) is not None:
+        c = rw.const(o)
+        bias = None if c is None else _bias_of(c, w.shape[1])
+        if bias is not None:
+            b, b_rank = Tensor._wrap(bias), c.ndim
+            idxs.append(j)
+            nodes.append(m)
+            out = m.outputs[0]
+    replay = Replay(nodes, [nd.inputs[0]], out, rw.consts)
+    run = _LinearRun(_packed(w.T), b, b_rank, replay)
+    rw.replace(idxs, fused_node("Linear", [nd.inputs[0]], [out], run, nd))
+
+
+def _fuse_gemm(rw: Rewriter, i: int) -> None:
+    nd = rw.nodes[i]
+    at = nd.attrs
+    if len(nd.inputs) < 2 or at.get("transA", 0) or nd.inputs[0] in rw.consts:
+        return
+    w = rw.const(nd.inputs[1])
+    if w is None or w.dtype != _F32 or w.ndim != 2 or 0 in w.shape:
+        return
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    wt = w if at.get("transB", 0) else w.T  # (out, in)
+    if alpha != 1.0:
+        wt = (wt.astype(np.float64) * alpha).astype(_F32)
+    b = None
+    if len(nd.inputs) > 2 and nd.inputs[2] and beta != 0.0:
+        c = rw.const(nd.inputs[2])
+        bias = None if c is None or c.ndim > 2 else _bias_of(c, wt.shape[0])
+        if bias is None:
+            return
+        b = Tensor._wrap((bias.astype(np.float64) * beta).astype(_F32) if beta != 1.0 else bias)
+    replay = Replay([nd], [nd.inputs[0]], nd.outputs[0], rw.consts)
+    run = _LinearRun(_packed(wt), b, 0, replay)
+    rw.replace([i], fused_node("Linear", [nd.inputs[0]], [nd.outputs[0]], run, nd))
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+class _AttentionRun:
+    """softmax(Q K^T * scale + mask) V through F.scaled_dot_product_attention."""
+
+    def __init__(self, scale: float, replay: Replay) -> None:
+        self.scale, self.replay = scale, replay
+        self._mask_key: object = None
+        self._mask_val: Tensor | None = None
+
+    def __call__(self, at, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        f32 = ember.float32
+        if not (q.ndim == kt.ndim == v.ndim == 4) or not (q.dtype == kt.dtype == v.dtype == f32):
+            return self.replay(q, kt, v, mask)
+        b, h, lq, d = q.shape
+        s = kt.shape[3]
+        if kt.shape[:3] != (b, h, d) or v.shape[:3] != (b, h, s):
+            return self.replay(q, kt, v, mask)
+        m = None
+        if mask is not None:
+            m = self._key_mask(mask, b, lq, s)
+            if m is None:
+                if mask.dtype != f32:
+                    return self.replay(q, kt, v, mask)
+                m = mask
+        return F.scaled_dot_product_attention(q, kt.mT, v, attn_mask=m, scale=self.scale)
+
+    def _key_mask(self, mask: Tensor, b: int, lq: int, s: int) -> Tensor | None:
+        """An additive mask that only drops keys, as a bool (B, 1, 1, S) key mask; else None."""
+        a = mask._data
+        if a is self._mask_key:  # the layers of a model share one mask: convert it once
+            return self._mask_val
+        out = _drop_keys(a, b, lq, s)
+        self._mask_key, self._mask_val = a, None if out is None else Tensor._wrap(out)
+        return self._mask_val
+
+
+def _drop_keys(a: np.ndarray, b: int, lq: int, s: int) -> np.ndarray | None:
+    if a.dtype != _F32 or a.ndim > 4:
+        return None
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
+    if a4.shape[1] != 1 or a4.shape[0] not in (1, b) or a4.shape[2] not in (1, lq):
+        return None
+    if a4.shape[3] != s:
+        return None
+    row = a4[:, :, :1, :]
+    if a4.shape[2] != 1 and not np.array_equal(a4, np.broadcast_to(row, a4.shape)):
+        return None
+    keep = row == 0
+    if not np.all(keep | (row <= MASK_DROPS_BELOW)) or not keep.any(axis=3).all():
+        return None
+    return np.ascontiguousarray(keep)
+
+
+def _softmax_last(nd) -> bool:
+    ax = nd.attrs.get("axis", -1 if nd.attrs.opset >= 13 else 1)
+    return ax in (-1, 3)
+
+
+def _scores(rw: Rewriter, name: str) -> bool:
+    """Whether name is Q @ K^T of two computed values, perhaps times or over a scalar."""
+    nd = rw.node(rw.producer.get(name))
+    if nd is None or len(nd.inputs) != 2:
+        return False
+    if nd.op in ("Mul", "Div"):
+        a, c = nd.inputs
+        if _scalar(rw, c) is None and nd.op == "Mul":
+            a, c = c, a
+        return _scalar(rw, c) is not None and _scores(rw, a)
+    return nd.op == "MatMul" and not any(n in rw.consts for n in nd.inputs)
+
+
+def _fuse_attention(rw: Rewriter, i: int) -> None:
+    """Softmax at i, between MatMul(Q, K^T) [* or / scale] [+ mask] and MatMul(., V)."""
+    sm = rw.nodes[i]
+    if not _softmax_last(sm) or len(sm.inputs) != 1:
+        return
+    chain, idxs, p_out = [sm], [i], sm.outputs[0]
+    while True:  # Cast to float32 of the (float32) probabilities: no-ops on the kernel's path
+        j = rw.sole_user(p_out)
+        pv = rw.node(j)
+        if pv is None or pv.op != "Cast" or pv.attrs.get("to") != _FLOAT:
+            break
+        chain.append(pv)
+        idxs.append(j)
+        p_out = pv.outputs[0]
+    if pv is None or pv.op != "MatMul" or pv.inputs[0] != p_out or len(pv.inputs) != 2:
+        return
+    if pv.inputs[1] == p_out or pv.inputs[1] in rw.consts:
+        return
+    chain.append(pv)
+    idxs.append(j)
+    cur, mask, scale = sm.inputs[0], None, 1.0
+    while True:
+        p = rw.producer.get(cur)
+        nd = rw.node(p)
+        if nd is None or rw.sole_user(cur) is None or len(nd.inputs) != 2:
+            return
+        chain.insert(0, nd)
+        idxs.insert(0, p)
+        if nd.op == "MatMul":
+            break
+        a, c = nd.inputs
+        if nd.op == "Add" and mask is None and a != c:
+            if not _scores(rw, a):
+                a, c = c, a
+            if not _scores(rw, a):
+                return
+            cur, mask = a, c
+        elif nd.op in ("Mul", "Div") and scale == 1.0:
+            sc = _scalar(rw, c)
+            if sc is None and nd.op == "Mul":
+                a, c = c, a
+                sc = _scalar(rw, c)
+            if sc is None or sc == 0.0:
+                return
+            cur, scale = a, (sc if nd.op == "Mul" else 1.0 / sc)
+        else:
+            return
+    q, kt = nd.inputs
+    if q in rw.consts or kt in rw.consts:
+        return
+    inputs = [q, kt, pv.inputs[1]] + ([mask] if mask is not None else [])
+    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0], rw.consts))
+    rw.replace(idxs, fused_node("Attention", inputs, [pv.outputs[0]], run, sm))
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+
+def _near(v: float | None, want: float) -> bool:
+    return v is not None and abs(v - want) <= 1e-6 * max(1.0, abs(want))
+
+
+class _ActRun:
+    """fn(x) on float32 input; the replaced nodes on any other."""
+
+    def __init__(self, fn, replay: Replay) -> None:
+        self.fn, self.replay = fn, replay
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        return self.fn(x) if x.dtype == ember.float32 else self.replay(x)
+
+
+def _finish_act(rw: Rewriter, x: str, nodes: list, idxs: list[int], fn, like, op: str) -> None:
+    """Replace the pattern's nodes by one fn(x) node, when only they read its inner values."""
+    out = nodes[-1].outputs[0]
+    inside = set(idxs)
+    for nd in nodes:
+        o = nd.outputs[0]
+        if o != out:
+            users = rw.users_of(o)
+            if users is None or set(users) - inside:
+                return
+    order = [nd for _, nd in sorted(zip(idxs, nodes), key=lambda t: t[0])]
+    replay = Replay(order, [x], out, rw.consts)
+    rw.replace(idxs, fused_node(op, [x], [out], _ActRun(fn, replay), like))
+
+
+def _user_op(rw: Rewriter, name: str, op: str):
+    j = rw.sole_user(name)
+    m = rw.node(j)
+    return (j, m) if m is not None and m.op == op else (None, None)
+
+
+def _fuse_gelu(rw: Rewriter, i: int) -> None:
+    """Erf at i: x / sqrt2 -> erf -> + 1 -> * x -> * 0.5 (any operand order)."""
+    erf = rw.nodes[i]
+    p = rw.producer.get(erf.inputs[0])
+    d = rw.node(p)
+    if d is None or d.op not in ("Div", "Mul") or len(d.inputs) != 2:
+        return
+    x, c = d.inputs
+    if (d.op == "Div" and not _near(_scalar(rw, c), math.sqrt(2))) or (
+        d.op == "Mul" and not _near(_scalar(rw, c), 1 / math.sqrt(2))
+    ):
+        return
+    ja, add = _user_op(rw, erf.outputs[0], "Add")
+    if add is None or not _near(_scalar(rw, _other(add, erf.outputs[0]) or ""), 1.0):
+        return
+    jm, mul = _user_op(rw, add.outputs[0], "Mul")
+    if mul is None:
+        return
+    o = _other(mul, add.outputs[0])
+    nodes, idxs = [d, erf, add, mul], [p, i, ja, jm]
+    if o == x:  # (x * (erf + 1)) * 0.5
+        jh, half = _user_op(rw, mul.outputs[0], "Mul")
+        if half is None or not _near(_scalar(rw, _other(half, mul.outputs[0]) or ""), 0.5):
+            return
+        nodes.append(half)
+        idxs.append(jh)
+    else:  # (x * 0.5) * (erf + 1)
+        ph = rw.producer.get(o)
+        half = rw.node(ph)
+        if half is None or half.op != "Mul" or _other(half, x) is None:
+            return
+        if not _near(_scalar(rw, _other(half, x)), 0.5) or rw.sole_user(o) != jm:
+            return
+        nodes.insert(0, half)
+        idxs.insert(0, ph)
+    _finish_act(rw, x, nodes, idxs, F.gelu, erf, "Gelu")
+
+
+def _fuse_hardswish(rw: Rewriter, i: int) -> None:
+    """Clip at i: x + 3 -> clip(0, 6) -> * x -> / 6 (or * 1/6); or HardSigmoid(1/6, 1/2) * x."""
+    nd = rw.nodes[i]
+    if nd.op == "HardSigmoid":
+        if not (_near(nd.attrs.get("alpha", 0.2), 1 / 6) and _near(nd.attrs.get("beta", 0.5), 0.5)):
+            return
+        x = nd.inputs[0]
+        jm, mul = _user_op(rw, nd.outputs[0], "Mul")
+        if mul is None or _other(mul, nd.outputs[0]) != x:
+            return
+        _finish_act(rw, x, [nd, mul], [i, jm], F.hardswish, nd, "HardSwish")
+        return
+    from ember.onnx._fuse_conv import _act
+
+    if len(nd.inputs) != 3 or _act(rw, nd) != "relu6":
+        return
+    p = rw.producer.get(nd.inputs[0])
+    add = rw.node(p)
+    if add is None or add.op != "Add" or len(add.inputs) != 2:
+        return
+    x = next((n for n in add.inputs if _near(_scalar(rw, _other(add, n) or ""), 3.0)), None)
+    if x is None:
+        return
+    jm, mul = _user_op(rw, nd.outputs[0], "Mul")
+    if mul is None or _other(mul, nd.outputs[0]) != x:
+        return
+    jd = rw.sole_user(mul.outputs[0])
+    div = rw.node(jd)
+    if div is None or div.inputs[0] != mul.outputs[0] or len(div.inputs) != 2:
+        return
+    k = _scalar(rw, div.inputs[1])
+    if not ((div.op == "Div" and _near(k, 6.0)) or (div.op == "Mul" and _near(k, 1 / 6))):
+        return
+    _finish_act(rw, x, [add, nd, mul, div], [p, i, jm, jd], F.hardswish, nd, "HardSwish")
+
+
+def _fuse_silu(rw: Rewriter, i: int) -> None:
+    sg = rw.nodes[i]
+    x = sg.inputs[0]
+    jm, mul = _user_op(rw, sg.outputs[0], "Mul")
+    if mul is None or _other(mul, sg.outputs[0]) != x:
+        return
+    _finish_act(rw, x, [sg, mul], [i, jm], F.silu, sg, "Silu")
+
+
+_ACTS = {"Erf": _fuse_gelu, "Clip": _fuse_hardswish, "HardSigmoid": _fuse_hardswish,
+         "Sigmoid": _fuse_silu}  # fmt: skip
+
+
+def fuse_activations(rw: Rewriter) -> None:
+    """The spelled-out GELU, hard swish and SiLU as one node each (before convs take theirs)."""
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op in _ACTS:
+            _ACTS[nd.op](rw, i)
+
+
+def fuse(rw: Rewriter, products: bool = True) -> None:
+    """Products by constant weights and attention (see the module doc)."""
+    if products and G.microkernels_available():
+        for i, nd in enumerate(rw.nodes):
+            if nd is not None and nd.op == "MatMul":
+                _fuse_matmul(rw, i)
+            elif nd is not None and nd.op == "Gemm":
+                _fuse_gemm(rw, i)
+        rw.index()
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "Softmax":
+            _fuse_attention(rw, i)

@@ -1,0 +1,381 @@
+"""ember.onnx.load's graph rewrite: the optimized graph computes what the plain one does.
+
+Every case builds a small graph with onnx.helper, loads it with optimize=True and with
+optimize=False, and compares the outputs on random inputs at batch 1 and 3 (and checks that the
+rewrite did fuse what it should, so a test that cannot fail is caught too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+import ember  # noqa: E402
+import ember.onnx  # noqa: E402
+from ember.kernels.cpu import gemm as G  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(0)
+F32 = TensorProto.FLOAT
+needs_gemm = pytest.mark.skipif(not G.microkernels_available(), reason="no packed GEMM here")
+
+
+def _t(name: str, a) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(a), name)
+
+
+def _r(*shape, scale=1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, F32, None) for n in outputs],
+        initializer=list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _both(model, feeds_list, atol=1e-4):
+    """Outputs of the optimized and plain graphs agree on every feed; returns the optimized."""
+    data = model.SerializeToString()
+    fast, plain = ember.onnx.load(data), ember.onnx.load(data, optimize=False)
+    for feeds in feeds_list:
+        a, b = fast.run(feeds), plain.run(feeds)
+        for name in plain.output_names:
+            want = b[name].numpy()
+            got = a[name].numpy()
+            assert got.shape == want.shape and got.dtype == want.dtype, name
+            scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+            np.testing.assert_allclose(got, want, rtol=0, atol=atol * scale, err_msg=name)
+    return fast
+
+
+def _ops(m) -> list[str]:
+    return [nd.op for nd in m.graph.nodes]
+
+
+# ---- convolutions ------------------------------------------------------------------------
+
+CONVS = [  # c, o, k, stride, group, conv attributes
+    (3, 5, 3, 1, 1, {"pads": [1, 1, 1, 1]}),
+    (7, 9, 3, 2, 1, {"pads": [0, 1, 2, 1]}),  # asymmetric
+    (5, 33, 1, 2, 1, {}),  # strided 1x1, odd channels
+    (4, 6, 5, 1, 1, {"auto_pad": "SAME_UPPER"}),
+    (4, 6, 4, 2, 1, {"auto_pad": "SAME_LOWER"}),
+    (6, 6, 3, 1, 1, {"auto_pad": "VALID"}),
+    (12, 12, 3, 1, 12, {"pads": [1, 1, 1, 1]}),  # depthwise
+    (24, 24, 5, 2, 24, {"pads": [2, 1, 2, 1]}),  # depthwise, stride 2, asymmetric
+    (8, 10, 3, 1, 2, {"pads": [1, 1, 1, 1]}),  # grouped: not fused, still right
+    (6, 6, 3, 1, 1, {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),  # dilated: not fused
+]
+
+
+@pytest.mark.parametrize("c,o,k,s,g,attrs", CONVS)
+@pytest.mark.parametrize("tail", ["none", "bn_relu", "affine_clip6", "residual_relu", "bias_free"])
+def test_conv_chains_equal_the_plain_graph(c, o, k, s, g, attrs, tail):
+    w = _r(o, c // g, k, k, scale=0.3)
+    inits = [_t("w", w), _t("b", _r(o))]
+    conv_in = ["x", "w"] if tail == "bias_free" else ["x", "w", "b"]
+    nodes = [helper.make_node("Conv", conv_in, ["y"], group=g, strides=[s, s], **attrs)]
+    inputs = [("x", F32, ["n", c, 11, 10])]
+    out = "y"
+    if tail == "bn_relu":
+        inits += [_t("g", _r(o)), _t("be", _r(o)), _t("mu", _r(o)), _t("v", np.abs(_r(o)) + 0.5)]
+        nodes += [helper.make_node("BatchNormalization", ["y", "g", "be", "mu", "v"], ["bn"]),
+                  helper.make_node("Relu", ["bn"], ["out"])]  # fmt: skip
+        out = "out"
+    elif tail == "affine_clip6":
+        inits += [_t("sc", _r(1, o, 1, 1)), _t("sh", _r(o, 1, 1)), _t("lo", np.float32(0)),
+                  _t("hi", np.float32(6))]  # fmt: skip
+        nodes += [helper.make_node("Mul", ["sc", "y"], ["m"]),
+                  helper.make_node("Add", ["m", "sh"], ["a"]),
+                  helper.make_node("Clip", ["a", "lo", "hi"], ["out"])]  # fmt: skip
+        out = "out"
+    elif tail == "residual_relu":  # the residual is another conv of the input, same shape
+        inits += [_t("w2", _r(o, c // g, k, k, scale=0.3))]
+        nodes += [helper.make_node("Conv", ["x", "w2"], ["r"], group=g, strides=[s, s], **attrs),
+                  helper.make_node("Add", ["r", "y"], ["s"]),
+                  helper.make_node("Relu", ["s"], ["out"])]  # fmt: skip
+        out = "out"
+    m = _model(nodes, inputs, [out], inits)
+    feeds = [{"x": _r(n, c, 11, 10)} for n in (1, 3)]
+    fast = _both(m, feeds)
+    fusable = g == 1 or g == c == o
+    fusable = fusable and "dilations" not in attrs and G.microkernels_available()
+    assert ("Conv" not in _ops(fast)) == fusable, _ops(fast)
+    if fusable:
+        assert set(_ops(fast)) == {"FusedConv"}, _ops(fast)  # the tail went into the conv
+
+
+@pytest.mark.parametrize("act", ["hardswish_spelled", "HardSwish", "silu_spelled", "Relu", "none"])
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_conv_activation_then_scalar_affine_then_conv(act, depthwise):
+    """PP-OCR's blocks: conv, activation, x * a + b (scalars), the next conv."""
+    c = 6
+    g = c if depthwise else 1
+    consts = {"three": 3.0, "zero": 0.0, "six": 6.0, "a": 0.37, "b2": -0.2, "d": 4.0}
+    inits = [_t(k, np.array([v], np.float32)) for k, v in consts.items()]
+    inits += [_t("w", _r(c, c // g, 3, 3, scale=0.3)), _t("bias", _r(c)),
+              _t("w2", _r(5, c, 1, 1))]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "bias"], ["y"], group=g, pads=[1, 1, 1, 1])]
+    if act == "hardswish_spelled":
+        nodes += _hardswish_nodes("y", "h")
+    elif act == "silu_spelled":
+        nodes += [helper.make_node("Sigmoid", ["y"], ["sg"]),
+                  helper.make_node("Mul", ["y", "sg"], ["h"])]  # fmt: skip
+    elif act == "none":
+        nodes += [helper.make_node("Identity", ["y"], ["h"])]
+    else:
+        nodes += [helper.make_node(act, ["y"], ["h"])]
+    nodes += [helper.make_node("Mul", ["a", "h"], ["ha"]),
+              helper.make_node("Add", ["ha", "b2"], ["hb"]),
+              helper.make_node("Div", ["hb", "d"], ["hd"]),
+              helper.make_node("Sub", ["hd", "b2"], ["hs"]),
+              helper.make_node("Conv", ["hs", "w2"], ["out"])]  # fmt: skip
+    m = _model(nodes, [("x", F32, ["n", c, 7, 9])], ["out"], inits, opset=14)
+    fast = _both(m, [{"x": _r(n, c, 7, 9, scale=3.0)} for n in (1, 3)])
+    if G.microkernels_available() and act != "none":
+        assert _ops(fast) == ["FusedConv", "FusedConv"], _ops(fast)
+
+
+def test_residual_that_broadcasts_and_values_read_twice_stay_right():
+    c, o = 5, 7
+    inits = [_t("w", _r(o, c, 3, 3, scale=0.3)), _t("b", _r(o)), _t("w2", _r(o, c, 1, 1))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2"], ["z"]),
+        helper.make_node("ReduceMean", ["z"], ["zm"], axes=[2, 3], keepdims=1),  # (n, o, 1, 1)
+        helper.make_node("Add", ["y", "zm"], ["s"]),  # a residual that broadcasts
+        helper.make_node("Relu", ["s"], ["out"]),
+        helper.make_node("Conv", ["out", "w2t"], ["y2"]),  # conv output read twice:
+        helper.make_node("Relu", ["y2"], ["r2"]),  # by this Relu
+        helper.make_node("Sigmoid", ["y2"], ["g2"]),  # and by this Sigmoid
+        helper.make_node("Mul", ["r2", "g2"], ["out2"]),
+    ]
+    inits.append(_t("w2t", _r(o, o, 1, 1)))
+    m = _model(nodes, [("x", F32, ["n", c, 6, 7])], ["out", "y", "out2"], inits)
+    fast = _both(m, [{"x": _r(n, c, 6, 7)} for n in (1, 3)])
+    assert "Relu" in _ops(fast)  # y2 has two readers: its Relu is not fused into the conv
+
+
+@pytest.mark.parametrize("k,s,pads,bias", [(2, 2, [0, 0, 0, 0], True), (3, 3, [0, 0, 0, 0], False),
+                                           (2, 1, [0, 0, 0, 0], True), (2, 2, [1, 0, 1, 0], True)])  # fmt: skip
+def test_conv_transpose_with_kernel_equal_to_stride(k, s, pads, bias):
+    c, o = 5, 7
+    inits = [_t("w0", _r(c, 3, 3, 3, scale=0.3)), _t("w", _r(c, o, k, k)), _t("b", _r(o)),
+             _t("g", _r(o)), _t("be", _r(o)), _t("mu", _r(o)), _t("v", np.abs(_r(o)) + 0.5),
+             _t("sh", _r(1, o, 1, 1))]  # fmt: skip
+    ct_in = ["h", "w", "b"] if bias else ["h", "w"]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),  # channels-last input
+        helper.make_node("ConvTranspose", ct_in, ["y"], strides=[s, s], pads=pads),
+        helper.make_node("Add", ["y", "sh"], ["ya"]),
+        helper.make_node("BatchNormalization", ["ya", "g", "be", "mu", "v"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["out"]),
+    ]
+    m = _model(nodes, [("x", F32, ["n", 3, 6, 5])], ["out"], inits)
+    fast = _both(m, [{"x": _r(n, 3, 6, 5)} for n in (1, 3)])
+    fused = k == s and not any(pads) and G.microkernels_available()
+    assert ("FusedConvTranspose" in _ops(fast)) == fused, _ops(fast)
+    if fused:
+        assert _ops(fast) == ["FusedConv", "FusedConvTranspose"]
+
+
+def test_conv1d_and_channels_last_between_convs():
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1]),
+        helper.make_node("Relu", ["h"], ["hr"]),
+        helper.make_node("Conv", ["hr", "w2"], ["y"], pads=[1, 1], strides=[2]),
+        helper.make_node("Transpose", ["y"], ["out"], perm=[0, 2, 1]),
+    ]
+    inits = [_t("w1", _r(13, 5, 3)), _t("b1", _r(13)), _t("w2", _r(11, 13, 3))]
+    m = _model(nodes, [("x", F32, ["n", 5, 17])], ["out"], inits)
+    fast = _both(m, [{"x": _r(n, 5, 17)} for n in (1, 3)])
+    if G.microkernels_available():
+        assert _ops(fast).count("FusedConv") == 2
+
+
+# ---- products ----------------------------------------------------------------------------
+
+
+@needs_gemm
+@pytest.mark.parametrize("shape", [(7,), (1, 7), (3, 7), (3, 4, 7), (2, 1, 3, 7)])
+def test_matmul_bias_as_packed_linear(shape):
+    inits = [_t("w", _r(7, 9)), _t("b", _r(9)), _t("b2", _r(1, 1, 9))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["b", "h"], ["out"]),
+        helper.make_node("MatMul", ["x", "w"], ["h2"]),
+        helper.make_node("Add", ["h2", "b2"], ["out2"]),  # a bias of higher rank than x
+    ]
+    m = _model(nodes, [("x", F32, None)], ["out", "out2"], inits)
+    fast = _both(m, [{"x": _r(*shape)}])
+    assert _ops(fast) == ["Linear", "Linear"]
+
+
+@needs_gemm
+@pytest.mark.parametrize("trans_b,alpha,beta,c_shape", [(0, 1.0, 1.0, (9,)), (1, 0.5, 2.0, (1, 9)),
+                                                        (1, 1.0, 1.0, None), (0, 1.5, 1.0, (3, 9))])  # fmt: skip
+def test_gemm_as_packed_linear(trans_b, alpha, beta, c_shape):
+    w = _r(9, 7) if trans_b else _r(7, 9)
+    inits = [_t("w", w)] + ([_t("c", _r(*c_shape))] if c_shape else [])
+    ins = ["x", "w", "c"] if c_shape else ["x", "w"]
+    nodes = [helper.make_node("Gemm", ins, ["out"], transB=trans_b, alpha=alpha, beta=beta)]
+    m = _model(nodes, [("x", F32, ["n", 7])], ["out"], inits)
+    fast = _both(m, [{"x": _r(3, 7)}])
+    assert _ops(fast) == (["Gemm"] if c_shape == (3, 9) else ["Linear"])
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+
+def _attention_model(mask: str, scale_op: str = "Mul", casts: int = 0):
+    d = 8
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"])]  # fmt: skip
+    c = 1 / math.sqrt(d) if scale_op == "Mul" else math.sqrt(d)
+    inits = [_t("c", np.float32(c))]
+    nodes.append(helper.make_node(scale_op, ["s", "c"], ["ss"]))
+    inputs = [("q", F32, None), ("k", F32, None), ("v", F32, None)]
+    last = "ss"
+    if mask != "none":
+        nodes.append(helper.make_node("Add", ["m", "ss"], ["sm"]))  # mask first: either order
+        inputs.append(("m", F32, None))
+        last = "sm"
+    nodes.append(helper.make_node("Softmax", [last], ["p"], axis=-1))
+    p = "p"
+    for i in range(casts):
+        nodes.append(helper.make_node("Cast", [p], [f"p{i}"], to=F32))
+        p = f"p{i}"
+    nodes.append(helper.make_node("MatMul", [p, "v"], ["out"]))
+    return _model(nodes, inputs, ["out"], inits)
+
+
+def _mask(kind: str, b: int, lq: int, s: int) -> np.ndarray:
+    if kind == "keys":  # HF's padding mask: 0 kept, finfo.min dropped, (B, 1, Lq, S)
+        keep = np.ones((b, s), bool)
+        keep[-1, s // 2 :] = False
+        m = np.where(keep, 0.0, np.finfo(np.float32).min).astype(np.float32)
+        return np.ascontiguousarray(np.broadcast_to(m[:, None, None, :], (b, 1, lq, s)))
+    if kind == "keys_1e4":  # older exports: (1 - mask) * -10000, (B, 1, 1, S)
+        m = np.zeros((b, 1, 1, s), np.float32)
+        m[0, ..., -2:] = -10000.0
+        return m
+    return _r(b, 1, lq, s)  # any additive bias: to the op as it is
+
+
+@pytest.mark.parametrize("mask", ["none", "keys", "keys_1e4", "bias"])
+@pytest.mark.parametrize("b,h,lq,s", [(1, 2, 9, 9), (3, 3, 16, 11), (2, 1, 3, 5)])
+def test_attention_pattern_as_one_op(mask, b, h, lq, s):
+    d = 8
+    m = _attention_model(mask, "Div" if b == 3 else "Mul", casts=2 if h == 3 else 0)
+    feeds = {"q": _r(b, h, lq, d), "k": _r(b, h, s, d), "v": _r(b, h, s, d)}
+    if mask != "none":
+        feeds["m"] = _mask(mask, b, lq, s)
+    fast = _both(m, [feeds])
+    assert _ops(fast) == ["Transpose", "Attention"]
+
+
+def test_attention_on_other_ranks_and_dtypes_replays_the_nodes():
+    m = _model(
+        [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+         helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+         helper.make_node("MatMul", ["p", "v"], ["out"])],
+        [("q", F32, None), ("kt", F32, None), ("v", F32, None)], ["out"],
+    )  # fmt: skip
+    feeds = [{"q": _r(*lead, 5, 4), "kt": _r(*lead, 4, 6), "v": _r(*lead, 6, 3)}
+             for lead in [(), (2,), (2, 3)]]  # fmt: skip
+    fast = _both(m, feeds)
+    assert _ops(fast) == ["Attention"]
+    f64 = {k: v.astype(np.float64) for k, v in feeds[2].items()}
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    for vi in m.graph.input:
+        vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    _both(m, [f64])
+
+
+# ---- activations, constants, shape memo ---------------------------------------------------
+
+
+def _gelu_nodes(x: str, out: str):
+    return [
+        helper.make_node("Div", [x, "sqrt2"], [x + "_d"]),
+        helper.make_node("Erf", [x + "_d"], [x + "_e"]),
+        helper.make_node("Add", [x + "_e", "one"], [x + "_a"]),
+        helper.make_node("Mul", [x, x + "_a"], [x + "_g"]),
+        helper.make_node("Mul", [x + "_g", "half"], [out]),
+    ]
+
+
+def _hardswish_nodes(x: str, out: str):
+    return [
+        helper.make_node("Add", [x, "three"], [x + "_p"]),
+        helper.make_node("Clip", [x + "_p", "zero", "six"], [x + "_c"]),
+        helper.make_node("Mul", [x, x + "_c"], [x + "_m"]),
+        helper.make_node("Div", [x + "_m", "six"], [out]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spelled_out_activations_as_ops(dtype):
+    consts = {"sqrt2": math.sqrt(2), "one": 1.0, "half": 0.5, "three": 3.0, "zero": 0.0, "six": 6.0}
+    inits = [_t(k, dtype(v)) for k, v in consts.items()]
+    nodes = _gelu_nodes("x", "g") + _hardswish_nodes("x", "hs")
+    nodes += [
+        helper.make_node("Sigmoid", ["x"], ["sg"]),
+        helper.make_node("Mul", ["sg", "x"], ["si"]),
+    ]
+    nodes += [helper.make_node("HardSigmoid", ["x"], ["hg"], alpha=1 / 6),
+              helper.make_node("Mul", ["x", "hg"], ["hs2"])]  # fmt: skip
+    t = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    m = _model(nodes, [("x", t, None)], ["g", "hs", "si", "hs2"], inits)
+    x = (RNG.standard_normal((3, 5, 7)) * 4).astype(dtype)
+    fast = _both(m, [{"x": x}, {"x": x[0]}])
+    assert sorted(_ops(fast)) == ["Gelu", "HardSwish", "HardSwish", "Silu"]
+
+
+def test_pattern_values_read_elsewhere_are_not_fused():
+    consts = {"sqrt2": math.sqrt(2), "one": 1.0, "half": 0.5}
+    inits = [_t(k, np.float32(v)) for k, v in consts.items()]
+    nodes = _gelu_nodes("x", "g") + [helper.make_node("Neg", ["x_e"], ["n"])]  # erf read twice
+    m = _model(nodes, [("x", F32, None)], ["g", "n"], inits)
+    fast = _both(m, [{"x": _r(4, 6)}])
+    assert "Gelu" not in _ops(fast)
+
+
+def test_constants_fold_and_shape_subgraphs_follow_the_input_shape():
+    nodes = [
+        helper.make_node("Constant", [], ["two"], value=_t("v", np.array([2], np.int64))),
+        helper.make_node("Mul", ["two", "two"], ["four"]),  # folded at load
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+        helper.make_node("Concat", ["n1", "four", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["out"]),
+        helper.make_node("Range", ["zero", "n", "one"], ["ids"]),  # memoized per shape
+        helper.make_node("Cast", ["ids"], ["idsf"], to=F32),
+    ]
+    inits = [_t("zero", np.int64(0)), _t("zero1", np.array([0], np.int64)),
+             _t("minus1", np.array([-1], np.int64)), _t("one", np.int64(1))]  # fmt: skip
+    m = _model(nodes, [("x", F32, ["n", 8, 3])], ["out", "idsf"], inits)
+    feeds = [{"x": _r(n, 8, 3)} for n in (1, 3, 1, 3, 2)]  # shapes alternate: memo keys
+    fast = _both(m, feeds)
+    assert "Constant" not in _ops(fast) and _ops(fast).count("Mul") == 0
+
+
+def test_optimize_is_the_default_and_can_be_skipped(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["out"])]
+    m = _model(nodes, [("x", F32, ["n", 4])], ["out"], [_t("w", _r(4, 5))])
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    assert _ops(ember.onnx.load(p, optimize=False)) == ["MatMul"]
+    if G.microkernels_available():
+        assert _ops(ember.onnx.load(p)) == ["Linear"]
+    assert ember.onnx.load(p).initializers["w"].shape == (4, 5)  # the file's weights, as they are
