@@ -478,9 +478,10 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
         # (b, t, 1, rotary_dim / 2), on the ids' device (meta: shapes only)
         return x, rope_tables(inv, pos[:, :, None], np.float32, spec.rope_attention_factor, dev)
 
-    def decode_body(self, x, rope, past, pad, cache=None, logits_to_keep: int = 0):
+    def decode_body(self, x, rope, past, pad, cache=None, logits_to_keep: int | np.ndarray = 0):
         """The layers, the final norm and the head on embeddings x (b, t, hidden) at positions
-        past.. (an int, or one per row), with padding pad (b, past + t) or None.
+        past.. (an int, or one per row), with padding pad (b, past + t) or None. Logits of the
+        last logits_to_keep positions (0: all), or of position logits_to_keep[b] of each row.
 
         Everything that differs from one step to the next comes in as x, rope and past (an
         array read by the attention op when it runs): a decode step can be captured and
@@ -498,7 +499,9 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
         sliding = spec.sliding_layers
         for i, layer in enumerate(getattr(body, n.layers)):
             x = layer(x, rope, local if sliding and sliding[i] else full, cache)
-        if logits_to_keep:
+        if isinstance(logits_to_keep, np.ndarray):  # one position per row
+            x = x[np.arange(x.shape[0]), logits_to_keep].reshape(x.shape[0], 1, x.shape[2])
+        elif logits_to_keep:
             x = x[:, -logits_to_keep:]
         logits = self.lm_head(getattr(body, n.final_norm)(x))
         cap = spec.final_softcap

@@ -112,14 +112,27 @@ class BatchKVCache:
         """Bytes held by all buffers."""
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
-    def rows(self, slots) -> KVCacheRows:
-        """The cache of a forward over these slots (batch row b is slot ``slots[b]``)."""
+    def rows(self, slots, new_tokens=None) -> KVCacheRows:
+        """The cache of a forward over these slots (batch row b is slot ``slots[b]``).
+
+        ``new_tokens``: how many of the forward's t tokens are real in each row, the rest right
+        padding (several prompts of different lengths in one forward): the attention then runs
+        each row on its own tokens, as it would alone, and only those enter the cache.
+        """
         rows = np.asarray(slots, np.int64).reshape(-1)
         if rows.size and (rows.min() < 0 or rows.max() >= self.slots):
             raise ShapeError(f"BatchKVCache: slots {rows.tolist()} outside 0..{self.slots - 1}")
         if len(np.unique(rows)) != rows.size:
             raise ShapeError(f"BatchKVCache: slot listed twice in {rows.tolist()}")
-        return KVCacheRows(self, rows)
+        ragged = None
+        if new_tokens is not None:
+            ragged = np.asarray(new_tokens, np.int64).reshape(-1)
+            if ragged.shape != rows.shape or (ragged.size and ragged.min() < 1):
+                raise ShapeError(
+                    f"BatchKVCache: new_tokens {ragged.tolist()} must give each of the "
+                    f"{rows.size} rows at least one token"
+                )
+        return KVCacheRows(self, rows, ragged)
 
     def reset(self, slot: int) -> None:
         """Forget a slot's sequence (its buffers are reused)."""
@@ -140,8 +153,8 @@ class BatchKVCache:
 class KVCacheRows:
     """Some rows of a ``BatchKVCache``, as one forward sees them (see ``BatchKVCache.rows``)."""
 
-    def __init__(self, cache: BatchKVCache, rows: np.ndarray) -> None:
-        self.cache, self.rows = cache, rows
+    def __init__(self, cache: BatchKVCache, rows: np.ndarray, ragged=None) -> None:
+        self.cache, self.rows, self.ragged = cache, rows, ragged  # ragged: real tokens per row
         self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
 
     @property
@@ -168,8 +181,9 @@ class KVCacheRows:
         return int(pos.max(initial=0)) + t
 
     def advance(self, t: int) -> None:
-        """Move each row past the t positions the last forward wrote."""
-        self.cache.lengths[self.rows] += t
+        """Move each row past the t positions the last forward wrote (its own count when
+        the rows are ragged)."""
+        self.cache.lengths[self.rows] += t if self.ragged is None else self.ragged
 
 
 class CausalMask:

@@ -12,7 +12,7 @@ the worker thread runs steps. Each step it
    `prefill_chunk` tokens at fixed offsets, so a long prompt never stalls the others for more
    than a chunk and is cut the same way whatever runs beside it) or its last sampled token;
 4. runs them all through `StepRunner.step`: the decoding sequences as one batched forward over
-   their cache slots, each prompt chunk as a forward of its own;
+   their cache slots, the prompt chunks together where the products allow it (see StepRunner);
 5. samples, detokenizes and checks stop tokens and strings per sequence, pushes the new text to
    its request's queue (`loop.call_soon_threadsafe`) and removes finished sequences at once.
 
@@ -92,6 +92,37 @@ def decode_batch(model: Any, default: int) -> int:
     return min(limits) if limits else default
 
 
+def prompts_batch(model: Any) -> bool:
+    """Whether prompt chunks of several sequences may share a forward, each row computing what
+    it computes alone: every linear layer's weight a QTensor whose products are row-invariant
+    at any number of rows (a float weight's BLAS product is not)."""
+    from ember.kernels.cpu.quant import invariant_at_any_rows
+    from ember.nn import Linear
+    from ember.quant.nn import QLinear
+    from ember.quant.qtensor import QTensor
+
+    linears = [m for m in model.modules() if isinstance(m, (Linear, QLinear))]
+    return bool(linears) and all(
+        isinstance(m.weight, QTensor) and invariant_at_any_rows(m.weight) for m in linears
+    )
+
+
+def ragged_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
+    """Indices of prompt chunks grouped for forwards right-padded to their longest: longest
+    first, a chunk joins while the padding stays within ``waste`` of the real tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None:
+            top, real = lengths[g[0]], sum(lengths[j] for j in g) + lengths[i]
+            if (len(g) + 1) * top <= (1 + waste) * real:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
 class StepRunner:
     """The model behind the engine: a KV cache slot per sequence, batched forwards per step.
 
@@ -99,7 +130,9 @@ class StepRunner:
     `release(cache)` and `step(inputs) -> one row of next-token logits per input`. All sequences
     live in one ``ember.nn.BatchKVCache`` (a row each, grown on demand in length and in slots).
     A step runs every one-token input (decoding sequences) as one forward over their rows, up to
-    ``MAX_BATCH`` at a time, and each prompt chunk as a forward of its own. Row b of a batched
+    ``MAX_BATCH`` at a time, and the prompt chunks together where every product is
+    row-invariant (``prompts_batch``: right-padded rows of similar lengths, each attending over
+    its own tokens only), else each as a forward of its own. Row b of a batched
     forward computes exactly what that sequence would alone, so a request's greedy output does
     not depend on what else runs. Longrope models (their positions depend on a sequence's whole
     history) keep one ``KVCache`` per sequence and run one after another.
@@ -133,6 +166,7 @@ class StepRunner:
         self._slots = max(1, slots)
         self.decode_batch = decode_batch(model, self.MAX_BATCH)
         self._decode = DecodeGraphs(model)  # batched one-token steps, captured and replayed
+        self.prompts_together = not self._fixed and prompts_batch(model)
         self._free = list(range(self._slots))  # least recently freed first
         self.cache: Any = None  # the BatchKVCache, made at the first sequence
         self._prefix: dict[int, list[int]] = {}  # slot -> its reusable prompt blocks' tokens
@@ -245,6 +279,8 @@ class StepRunner:
                 logits = self._decode(ids, rows).numpy()[:, -1]
                 for i, row in zip(part, logits):
                     out[i] = row.astype(np.float32, copy=False)
+            if self.prompts_together:
+                self._prompts([i for i in batch if out[i] is None], inputs, out)
             for i, inp in enumerate(inputs):
                 if out[i] is not None:
                     continue
@@ -254,6 +290,30 @@ class StepRunner:
                 logits = self.model(ids, cache=cache, logits_to_keep=1)
                 out[i] = logits.numpy()[0, -1].astype(np.float32, copy=False)
         return out
+
+    def _prompts(self, chunks: list[int], inputs: list[StepInput], out: list) -> None:
+        """Prompt chunks (indices into inputs) as right-padded forwards over their slots, a
+        group of similar lengths each; the next-token logits of each into out."""
+        import ember
+
+        lengths = [len(inputs[i].tokens) for i in chunks]
+        groups = []
+        for group in ragged_groups(lengths):
+            idx = [chunks[g] for g in group]
+            top = max(lengths[g] for g in group)
+            past = self.cache.lengths[[inputs[i].cache.index for i in idx]]
+            # padding positions past the context window (a learned position table ends there)
+            wide = len(idx) > 1 and int(past.max()) + top > self.context_length
+            groups += [[i] for i in idx] if wide else [idx]
+        for idx in groups:
+            n = np.asarray([len(inputs[i].tokens) for i in idx], np.int64)
+            ids = np.zeros((len(idx), int(n.max())), np.int64)
+            for row, i in enumerate(idx):
+                ids[row, : n[row]] = inputs[i].tokens
+            cache = self.cache.rows([inputs[i].cache.index for i in idx], n)
+            logits = self.model(ember.from_numpy(ids), cache=cache, logits_to_keep=n - 1)
+            for i, row in zip(idx, logits.numpy()[:, -1]):
+                out[i] = row.astype(np.float32, copy=False)
 
 
 # --- sequences and requests ------------------------------------------------------------------

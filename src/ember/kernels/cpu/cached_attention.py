@@ -29,7 +29,10 @@ from ember.kernels.registry import register
 
 # numba's threads from this many multiply-adds on (queries * keys * heads * dim)
 PARALLEL_WORK = 1 << 22
-# from this many new queries on (a prompt), attention runs as blocks of BLAS products instead
+# from this many new queries on (a prompt), attention runs as blocks of BLAS products instead,
+# unless the keys are in a cache the IR kernel (decode_attention) reads: a prompt's forward of
+# the bundled SmolLM2 / TinyLlama Q4_0 took 1.1-1.4x longer through the blocks at 32 to 1024
+# queries (they copy the cache rows they read; an ad-hoc run on Zen 5, 2 threads)
 BLOCKED_MIN_QUERIES = 16
 BLOCK_SCORES = 1 << 18  # float32 scores per block (1 MiB)
 BLOCK_ROWS = 64  # query rows per block: later blocks see more keys, earlier ones fewer
@@ -298,9 +301,10 @@ def cached_attention(
     w = int(window or 0)
     cap = float(softcap or 0.0)
     pa, ra = _rows_of(nb, past, None if kc is None else rows)
-    if nt >= BLOCKED_MIN_QUERIES:
+    ir = kc is not None and decode_attention.applies(q, kc, pad, cap)
+    if nt >= BLOCKED_MIN_QUERIES and not ir:
         return _blocked(q, kb, vb, ra, n_keys, pa, w, pad, scale, cap)
-    if kc is not None and decode_attention.applies(q, kc, pad, cap):
+    if ir:
         return decode_attention.attend(q, kc, vc, ra, pa, n_keys, w, scale)
     parallel = nt * n_keys * hq * d >= PARALLEL_WORK
     out = np.empty((nb, nt, hq * d), _F32)

@@ -494,7 +494,9 @@ def cached_attention(
 
     key, value: (b, t, hk, d), hq a multiple of hk (grouped-query attention); they are stored in
     ``cache`` (an ``ember.nn.KVCache``, or ``BatchKVCache.rows(...)``: one position per row) at
-    its current position first. ``mask``: an
+    its current position first; rows of ``BatchKVCache.rows(slots, new_tokens)`` run each on
+    its own first new_tokens[b] tokens, exactly as alone (the padding after them gives zeros
+    and never enters the cache). ``mask``: an
     ``ember.nn.CausalMask`` (positions, sliding window, left padding; None: causal from the
     cache's position). scale: None for d ** -0.5. softcap: scores become
     ``softcap * tanh(scores / softcap)`` before the softmax (Gemma 2). Returns (b, t, hq * d).
@@ -519,6 +521,30 @@ def cached_attention(
     if cache is not None:  # the op stores key, value there (at past) before it attends
         kc, vc = cache.k[layer], cache.v[layer]
         rows = getattr(cache, "rows", None)  # a batched step over some rows (BatchKVCache)
+    ragged = getattr(cache, "ragged", None)
+    if ragged is not None:  # right-padded rows: each row on its own tokens, as alone
+        from ember.ops import creation, movement
+
+        parts = []
+        for i, n in enumerate(ragged.tolist()):
+            one = _CachedAttention.apply(
+                query[i : i + 1, :n],
+                key[i : i + 1, :n],
+                value[i : i + 1, :n],
+                kc=kc,
+                vc=vc,
+                past=past[i : i + 1],
+                window=window,
+                pad=None,
+                scale=scale,
+                softcap=None if softcap is None else float(softcap),
+                rows=rows[i : i + 1],
+            )
+            if n < t:  # the padding's outputs: zeros, never read
+                zeros = creation.zeros(1, t - n, one.shape[2], dtype=one.dtype)
+                one = movement.cat([one, zeros], 1)
+            parts.append(one)
+        return movement.cat(parts, 0)
     return _CachedAttention.apply(
         query,
         key,

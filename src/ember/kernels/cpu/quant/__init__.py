@@ -67,6 +67,16 @@ def invariant_rows(qweight) -> int:
     return SMALL_M
 
 
+def invariant_at_any_rows(qweight) -> bool:
+    """Whether each row of ``x @ W.T`` is bitwise that row's product alone however many rows x
+    has (the panel kernels, ``_pdot``: a prompt's rows too, not only a decode batch's)."""
+    from ember.kernels.cpu.quant._common import FORMATS
+
+    registry.kernels("linear_q")  # imports the format modules (they fill FORMATS)
+    fmt = FORMATS.get(qweight.qtype)
+    return fmt is not None and config.KERNELS != "reference" and fmt.panel_dot()
+
+
 def stack(qweights: list):
     """One 2-d QTensor of the rows of QTensors of one format and width (``inference.stack``'s
     q/k/v and gate/up): only the kernels' panels where products run on panels (no GGUF-order
