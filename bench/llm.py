@@ -1,13 +1,14 @@
 """LLM inference: ember vs PyTorch (transformers, float32 from the same GGUF) vs llama.cpp, one run.
 
     python bench/llm.py [--prompt-tokens 128] [--new-tokens 64] [--threads 2] [--repeat 3]
-        [--gguf FILE | --tinyllama [DIR]] [--engines ember,torch,llamacpp]
+        [--gguf FILE | --tinyllama [DIR]] [--engines ember,torch,torch_bf16,llamacpp]
 
 The model is the bundled SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0), or ``--gguf FILE``, or with
 ``--tinyllama`` every file of bench/tinyllama.py (TinyLlama-1.1B's configuration, random
 weights: bf16, and Q8_0/Q4_0/Q4_K by ember's converter and by llama.cpp's quantizer; written
 into DIR the first time), one table per file. ember runs the quantized weights directly;
-transformers dequantizes them to float32 (it has no quantized CPU kernels); llama.cpp
+transformers dequantizes them to float32 (``torch``; it has no quantized CPU kernels) or
+bfloat16 (``torch_bf16``); llama.cpp
 (llama-cpp-python, the `bench` extra) runs them quantized. Greedy decoding, same prompt ids,
 each engine in its own process (their OpenMP runtimes never mix) with its own default thread
 and OpenMP settings, as its users run it; an engine that fails or crashes gets a row that says
@@ -16,7 +17,7 @@ why.
 Each engine warms up on the full prompt, then generates ``--repeat`` times; the table shows the
 best run (least disturbed by other jobs on a shared machine) and the process CPU time per
 decoded token of that run (all threads; with --threads 1 it is the single-thread cost, which
-waiting for a busy core does not inflate).
+waiting for a busy core does not inflate), and the engine process's peak resident memory.
 """
 
 from __future__ import annotations
@@ -76,14 +77,14 @@ def run_ember(path, ids, new, threads, repeat):
     return {**out, "load_s": load, "version": ember.__version__, "blas": blas_info()}
 
 
-def run_torch(path, ids, new, threads, repeat):
+def run_torch(path, ids, new, threads, repeat, dtype="float32"):
     import torch
     import transformers
 
     torch.set_num_threads(threads)
     t = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
     ).eval()
     load = time.perf_counter() - t
 
@@ -137,10 +138,20 @@ def run_llamacpp(path, ids, new, threads, repeat, safe=False):
     return {**out, "load_s": load, "version": version, "blas": "ggml (own kernels)"}
 
 
-ENGINES = {"ember": run_ember, "torch": run_torch, "llamacpp": run_llamacpp}
+def run_torch_bf16(path, ids, new, threads, repeat):
+    return run_torch(path, ids, new, threads, repeat, dtype="bfloat16")
+
+
+ENGINES = {
+    "ember": run_ember,
+    "torch": run_torch,
+    "torch_bf16": run_torch_bf16,
+    "llamacpp": run_llamacpp,
+}
 NAMES = {
     "ember": "ember",
     "torch": "torch eager (transformers, f32)",
+    "torch_bf16": "torch eager (transformers, bf16)",
     "llamacpp": "llama.cpp (llama-cpp-python)",
 }
 
@@ -239,6 +250,9 @@ def bench_file(path, a) -> None:
     if a.engine:
         kw = {"safe": True} if a.engine == "llamacpp" and a.llamacpp_safe else {}
         out = ENGINES[a.engine](path, ids, a.new_tokens, a.threads, a.repeat, **kw)
+        import resource
+
+        out["rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
         print(json.dumps(out))
         return
     load0 = os.getloadavg()[0]
@@ -264,12 +278,12 @@ def bench_file(path, a) -> None:
     ember_res = next((r for e, r, _ in rows if e == "ember" and r), None)
     lines = [
         "| engine | load s | prefill tok/s | decode tok/s | decode CPU ms/token | "
-        "decode vs ember | same tokens as ember |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "decode vs ember | same tokens as ember | peak RSS GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for eng, r, why in rows:
         if r is None:
-            lines.append(f"| {NAMES[eng]} (not available: {why}) | - | - | - | - | - | - |")
+            lines.append(f"| {NAMES[eng]} (not available: {why}) | - | - | - | - | - | - | - |")
             continue
         vs = f"{r['decode_tok_s'] / ember_res['decode_tok_s']:.2f}x" if ember_res else "-"
         same = "-"
@@ -279,7 +293,8 @@ def bench_file(path, a) -> None:
             same = f"{k}/{len(a_t)}"
         lines.append(
             f"| {NAMES[eng]} | {r['load_s']:.2f} | {a.prompt_tokens / r['prefill_s']:.0f} | "
-            f"{r['decode_tok_s']:.1f} | {r['decode_cpu_ms']:.1f} | {vs} | {same} |"
+            f"{r['decode_tok_s']:.1f} | {r['decode_cpu_ms']:.1f} | {vs} | {same} | "
+            f"{r['rss_gb']:.2f} |"
         )
     table = "\n".join(lines)
     versions = "; ".join(f"{NAMES[e]}: {r['version']}, BLAS {r['blas']}" for e, r, _ in rows if r)
