@@ -7,7 +7,7 @@
 
 Each engine is started on a free loopback port with the bundled SmolLM2 GGUF and the same thread
 count, as its users start it (its own defaults otherwise; llama-server with ``-np`` = the most
-streams, its continuous-batching slots), then driven by N concurrent clients that each send
+streams, its continuous-batching slots, or ``--np N``), then driven by N concurrent clients that each send
 ``--requests`` streamed chat completions (a different question each, temperature 0, ``--tokens``
 answer tokens: ``ignore_eos`` where the engine takes it). Reported per engine and N: aggregate
 generated tokens/s (all clients' tokens / wall time), time to first token and inter-token latency
@@ -133,8 +133,9 @@ def engines(args, path: str) -> list[Engine]:
             print("llama-server: not found (--llama-server PATH); skipped", file=sys.stderr)
         else:
             p = free_port()
-            cmd = [exe, "-m", path, "--port", str(p), "-t", str(args.threads), "-np", str(top),
-                   "-c", str(top * 512)]  # fmt: skip
+            np_ = args.np or top
+            cmd = [exe, "-m", path, "--port", str(p), "-t", str(args.threads), "-np", str(np_),
+                   "-c", str(np_ * 512)]  # fmt: skip
             out.append(Engine("llama-server", cmd, p, "smollm2", {"ignore_eos": True}))
     if "llama-cpp-python" in names:
         p = free_port()
@@ -272,7 +273,7 @@ def throughput(args, path: str) -> None:
         f"requests per client; {args.rounds} rounds, the engines one after another in each (never "
         f"at once), each with its default OpenMP settings; latencies of the median run; load "
         f"average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at the end. llama-server: -np "
-        f"{max(args.streams)}."
+        f"{args.np or max(args.streams)}."
     )
     print(table + note)
     if not args.no_save:
@@ -461,6 +462,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="rounds of all engines, alternating")
     ap.add_argument("--engines", default="ember,llama-server,llama-cpp-python")
     ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
+    ap.add_argument("--np", type=int, help="llama-server's parallel slots (default: most streams)")
     ap.add_argument("--soak", action="store_true")
     ap.add_argument("--prefix", action="store_true", help="TTFT with a shared prefix (ember)")
     ap.add_argument("--clients", type=int, default=64)
