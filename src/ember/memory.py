@@ -112,11 +112,8 @@ def allocate(make: Callable[[], Any], op: str, shape: tuple, dtype: Any) -> Any:
         raise
 
 
-def release_file_pages(a: np.ndarray) -> int:
-    """Drop this process's resident pages of an array that is a view of a read-only memory map
-    (``MADV_DONTNEED``): its resident set shrinks, the file stays mapped, and a later read of
-    the array faults its pages back in from the page cache. Returns the bytes released (0 for
-    any other array: anonymous memory would lose its contents)."""
+def _file_map(a: np.ndarray):
+    """(the read-only mmap an array views, its address), or None."""
     import mmap
 
     base = a
@@ -125,14 +122,33 @@ def release_file_pages(a: np.ndarray) -> int:
     if isinstance(base, memoryview):
         base = base.obj
     if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or a.nbytes == 0:
-        return 0
+        return None
     try:
         with memoryview(base) as view:
             if not view.readonly:
-                return 0
-        start = np.frombuffer(base, np.uint8, 1).ctypes.data
+                return None
+        return base, np.frombuffer(base, np.uint8, 1).ctypes.data
     except (ValueError, TypeError):  # closed, or empty
+        return None
+
+
+def file_backed(a: np.ndarray) -> bool:
+    """Whether an array is a view of a read-only memory-mapped file (its pages can be dropped
+    and read again, see ``release_file_pages``)."""
+    return _file_map(a) is not None
+
+
+def release_file_pages(a: np.ndarray) -> int:
+    """Drop this process's resident pages of an array that is a view of a read-only memory map
+    (``MADV_DONTNEED``): its resident set shrinks, the file stays mapped, and a later read of
+    the array faults its pages back in from the page cache. Returns the bytes released (0 for
+    any other array: anonymous memory would lose its contents)."""
+    import mmap
+
+    mapped = _file_map(a)
+    if mapped is None:
         return 0
+    base, start = mapped
     page = mmap.PAGESIZE
     lo = a.ctypes.data - start
     first = -(-lo // page) * page

@@ -65,10 +65,32 @@ def test_transposed_matches_reference(qtype, m, n, k, threads, tiles):
     q = _weight(rng, qtype, n, k)
     g = _x(rng, m, n)
     want = transposed.matmul_qt_reference(g, qweight=q)
-    got = packed.matmul_qt(qk, q.blocks3d(), g)
+    w3 = q.blocks3d()
+    got = packed.matmul_qt(qk, g, k, lambda r0, r1: w3[r0:r1])
     assert got.shape == (m, k) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, **_tol(want))
     np.testing.assert_allclose(transposed.matmul_qt_tiled(g, qweight=q), want, **_tol(want))
+
+
+@pytest.mark.parametrize("m", [3, 40])
+def test_transposed_reads_the_panels_of_a_weight_held_only_as_panels(m, monkeypatch):
+    """A weight whose GGUF bytes exist only as the panel kernels' copy (a stacked q/k/v): g @ W
+    unpacks the panels a tile at a time (tiles of 16-row multiples, the last one partial) and
+    never makes the whole GGUF copy that ``data`` would keep."""
+    from ember.kernels.cpu.quant import _panels
+    from ember.quant.qtensor import QTensor
+
+    rng = np.random.default_rng(m)
+    n, k = 83, 256
+    q = _weight(rng, "Q4_1", n, k)
+    g = _x(rng, m, n)
+    want = transposed.matmul_qt_reference(g, qweight=q)
+    only = QTensor.packed_only("Q4_1", (n, k), _panels.pack(q.blocks3d(), "Q4_1"))
+    monkeypatch.setattr(transposed, "TILE_ELEMENTS", 20 * k)  # several tiles: 16 rows each
+    monkeypatch.setattr(packed, "TILE_WEIGHTS", 20 * k)
+    got = transposed.matmul_qt_tiled(g, qweight=only)
+    np.testing.assert_allclose(got, want, **_tol(want))
+    assert only._data is None  # no GGUF-order copy was kept
 
 
 def test_nan_rows_stay_in_their_rows():

@@ -305,6 +305,14 @@ def stacked(qweights: list):
     return QTensor.packed_only(qtype, (n, k), panels)
 
 
+def unpack_rows(panels: np.ndarray, qtype: str, nb: int, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of a weight's panels as (r1 - r0, nb, bs) GGUF blocks (r0 a multiple of
+    ROWS; r1 a multiple of it too unless it is the weight's last row)."""
+    if r0 % ROWS:
+        raise ShapeError(f"panels: rows from {r0}, not a multiple of {ROWS}")
+    return unpack(panels[r0 // ROWS : -(-r1 // ROWS)], qtype, r1 - r0, nb)
+
+
 def unpacked(qweight) -> np.ndarray:
     """The GGUF bytes (rows, row bytes) of a QTensor from its panels."""
     n, k = qweight.shape

@@ -184,13 +184,14 @@ def matmul_t(fmt, w3: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def matmul_qt(fmt, w3: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``g @ W`` for g (M, N) C-contiguous float32 and W the (N, blocks, bytes) QTensor view."""
+def matmul_qt(fmt, g: np.ndarray, k: int, rows, align: int = 1) -> np.ndarray:
+    """``g @ W`` for g (M, N) C-contiguous float32 and W (N, k) given by ``rows(r0, r1)``: its
+    rows [r0, r1) as (r1 - r0, blocks, bytes) GGUF blocks, r0 a multiple of ``align`` (a view
+    of the QTensor's blocks, or a weight's ``_panels`` unpacked a tile at a time)."""
     from ember.kernels.cpu import gemm
     from ember.kernels.cpu.tiles import scratch
 
     m, n = g.shape
-    k = w3.shape[1] * fmt.block_size
     nr = gemm.panel_width()
     out = np.empty((m, k), _F32)
     if m == 0 or k == 0 or n == 0:
@@ -198,9 +199,12 @@ def matmul_qt(fmt, w3: np.ndarray, g: np.ndarray) -> np.ndarray:
         return out
     threads = _threads()
     step = max(1, min(n, TILE_WEIGHTS // max(k, 1)))
+    step = max(align, step // align * align)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         pan = scratch((-(-k // nr), r1 - r0, nr), 2)
-        _decode(fmt, w3, r0, r1, pan, False, threads)
+        w = rows(r0, r1)
+        _decode(fmt, w if w.flags.c_contiguous else np.ascontiguousarray(w), 0, r1 - r0, pan,
+                False, threads)  # fmt: skip
         _multiply(g.reshape(-1), n, r0, r1 - r0, pan, m, k, out, r0 > 0, threads)
     return out

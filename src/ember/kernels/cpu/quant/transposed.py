@@ -85,12 +85,6 @@ def matmul_qt_tiled(g: np.ndarray, *, qweight) -> np.ndarray:
     (decoding runs at about 20 G weights/s, 2-3% of the products' time); a task's block of the
     result is written by it alone, so nothing is summed across threads.
     """
-    import os
-
-    from ember.kernels.cpu.quant._common import UNIT, f16_table
-    from ember.kernels.cpu.tiles import run_tiles, scratch
-    from ember.threads import get_num_threads
-
     g = _check(g, qweight, "matmul_qt")
     registry.kernels("linear_q")  # imports the format modules (they fill FORMATS)
     fmt = FORMATS[qweight.qtype]
@@ -98,17 +92,48 @@ def matmul_qt_tiled(g: np.ndarray, *, qweight) -> np.ndarray:
     m = g.shape[0]
     if m == 0 or k == 0 or n == 0:
         return np.zeros((m, k), F32)
-    out = np.empty((m, k), F32)
-    w3 = qweight.blocks3d()
-    if not w3.flags.c_contiguous:
-        w3 = np.ascontiguousarray(w3)
-    g32 = np.ascontiguousarray(g, dtype=F32)
-    from ember.kernels.cpu.quant import packed
+    from ember.kernels.cpu.quant import _panels
 
+    panels = _panels_only(qweight)
+    if panels is None:
+        w3 = qweight.blocks3d()
+        return _matmul_qt_tiled(fmt, g, m, n, k, lambda r0, r1: w3[r0:r1], 1)
+    # decoded from the panels the forward runs on, a tile at a time: ``data`` would keep a
+    # second copy of a weight held only as panels, and a memory-mapped one would fault its
+    # pages back in (QLoRA on the bundled model peaked at 555 MiB instead of 475)
+    qtype, nb = qweight.qtype, k // fmt.block_size
+    rows = lambda r0, r1: _panels.unpack_rows(panels, qtype, nb, r0, r1)  # noqa: E731
+    return _matmul_qt_tiled(fmt, g, m, n, k, rows, _panels.ROWS)
+
+
+def _panels_only(qweight) -> np.ndarray | None:
+    """The panels a weight's forward runs on when its GGUF bytes are not in memory (held only
+    as panels, or memory-mapped pages given back), else None."""
+    from ember.memory import file_backed
+
+    packed, data = qweight._packed, qweight._data
+    if packed is None or (data is not None and (packed[0] is not data or not file_backed(data))):
+        return None
+    return packed[1]
+
+
+def _matmul_qt_tiled(fmt, g: np.ndarray, m: int, n: int, k: int, rows, align: int) -> np.ndarray:
+    """g @ W with W's rows [r0, r1) as (r1 - r0, blocks, bytes) from ``rows`` (r0 a multiple
+    of ``align``)."""
+    import os
+
+    from ember.kernels.cpu.quant import packed
+    from ember.kernels.cpu.quant._common import UNIT, f16_table
+    from ember.kernels.cpu.tiles import run_tiles, scratch
+    from ember.threads import get_num_threads
+
+    out = np.empty((m, k), F32)
+    g32 = np.ascontiguousarray(g, dtype=F32)
     if m >= packed.MIN_ROWS and packed.available():
-        return packed.matmul_qt(fmt, w3, g32)  # the packed GEMM's microkernels
+        return packed.matmul_qt(fmt, g32, k, rows, align)  # the packed GEMM's microkernels
     threads = max(1, min(get_num_threads(), os.cpu_count() or 1))
     mrows, step = _plan(m, n, k, threads)
+    step = max(align, step // align * align)
     dq, lut = fmt._dq1, f16_table()
 
     def task(i: int) -> None:
@@ -117,7 +142,8 @@ def matmul_qt_tiled(g: np.ndarray, *, qweight) -> np.ndarray:
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             t = scratch((r1 - r0, k))
-            dq(w3, lut, UNIT, r0, r1, t)
+            w = rows(r0, r1)
+            dq(w if w.flags.c_contiguous else np.ascontiguousarray(w), lut, UNIT, 0, r1 - r0, t)
             if r0 == 0:
                 np.matmul(g32[m0:m1, r0:r1], t, out=o)
             else:
