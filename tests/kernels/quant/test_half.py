@@ -40,12 +40,13 @@ def test_products_match_float64_and_each_row_alone(qtype, n, k):
             with threads_set(threads):
                 y = matmul_t(q, x)
                 assert (np.abs(y - exact) <= 2e-6 * terms + 1e-30).all()
+                route = half._route(qtype, m)
                 if m <= SMALL_M:  # every row as alone (the server's batched decode)
-                    assert not dot
-                if m <= half.MAX_ROWS and not dot:  # (a prompt's tiles go to BLAS)
+                    assert route == "rows"
+                if route == "rows":
                     alone = np.concatenate([matmul_t(q, x[i : i + 1]) for i in range(m)])
                     np.testing.assert_array_equal(y, alone)
-                if dot:  # a row's result does not depend on where it is in x
+                if route in ("dot", "float"):  # a row's result does not depend on its place
                     np.testing.assert_array_equal(matmul_t(q, x[::-1])[::-1], y)
 
 

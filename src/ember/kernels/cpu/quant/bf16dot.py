@@ -1,4 +1,5 @@
-"""Many rows of x times a BF16 weight with ``vdpbf16ps`` (AVX-512 BF16; LLVM IR, pool).
+"""Many rows of x times a BF16 weight with ``vdpbf16ps`` (AVX-512 BF16), or times a BF16/F16
+weight in float32 (AVX-512F): LLVM IR tiles in dot form, tasks on ember's pool.
 
 A prompt's prefill multiplies hundreds of rows of x by each bf16 weight. The weight stays
 where it lies (a memory-mapped GGUF/safetensors tensor, rows of K bf16 values): no float32 copy,
@@ -19,14 +20,21 @@ denormals flushed to zero) into a buffer of rows padded to a multiple of 32 valu
 * tasks run on ``kernels.cpu.pool`` (``run_items``), at least TASKS_PER_THREAD per thread and
   at most about ``TASK_MACS`` multiply-adds each.
 
-The task loop, the tiles for every (mr <= MR, nr <= NR) and the conversion of x are one LLVM
-IR module (``state``), compiled for the host with ``gemm.jit_ir``. It exists where the host
-reports ``avx512bf16`` and the packed GEMM runs its AVX-512 family; ``EMBER_HALF_DOT=float``
-turns it off (prompts then widen the weight to float32, x unrounded: ``half._prefill``).
+``matmul_t_float`` runs the same tiles and tasks on float32 x, unrounded, for BF16 or F16
+weights: a step is 16 weights widened exactly to float32 (bf16: shifted into the upper half;
+f16: ``vcvtph2ps``) and one FMA per (x row, W row) pair, x's last step masked like W's. It is
+what F16 weights, AVX-512 CPUs without the BF16 instructions and ``EMBER_HALF_DOT=float`` run.
+
+The task loops, the tiles for every (mr <= MR, nr <= NR) of each kind and the conversion of x
+are one LLVM IR module (``state``), compiled for the host with ``gemm.jit_ir``. It exists where
+the packed GEMM runs its AVX-512 family (the ``vdpbf16ps`` kind where the host also reports
+``avx512bf16`` and EMBER_HALF_DOT is not ``float``); elsewhere ``half`` keeps its own kernels
+and BLAS.
 
 Accuracy: the products are those of the bf16-rounded x with the bf16 weights, accumulated in
 float32 (the reference is ``reference``: float64 of the rounded operands). Rounding x to bf16
-costs a relative error of up to 2^-9 per term (about 2^-9 / sqrt(K) of a typical row's norm).
+costs a relative error of up to 2^-9 per term: measured on TinyLlama's shapes with random data,
+an error of 1.7e-3 of the outputs' RMS (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -51,12 +59,52 @@ _LOCK = threading.Lock()
 _V16, _B32 = "<16 x float>", "<32 x bfloat>"
 
 
-def _tile_ir(mr: int, nr: int) -> str:
-    """``ember_bf16_tile_{mr}_{nr}``: y[i, j] (+)= sum_k x[i, k] * w[j, k] for a tile."""
+# kind -> (values per step, W bytes per step, x bytes per step): "dot" multiplies bf16 x by
+# vdpbf16ps; "bf16" / "f16" widen 16 weights to float32 per step for FMAs with float32 x
+KINDS = {"dot": (32, 64, 64), "bf16": (16, 32, 64), "f16": (16, 32, 64)}
+
+
+def _tile_ir(kind: str, mr: int, nr: int) -> str:
+    """``ember_{kind}_tile_{mr}_{nr}``: y[i, j] (+)= sum_k x[i, k] * w[j, k] for a tile."""
     acc = [(i, j) for i in range(mr) for j in range(nr)]
+    vals, wstep, xstep = KINDS[kind]
     dp = "@llvm.x86.avx512bf16.dpbf16ps.512"
+    wshift, xshift = wstep.bit_length() - 1, xstep.bit_length() - 1
+
+    def load_w(j: int, ptr: str, tag: str, masked: bool) -> list[str]:
+        """%{tag}{j}: the step's weights as the multiply's operand (masked: %mask's lanes)."""
+        it = f"<{vals} x i16>"
+        if masked:
+            out = [f"  %{tag}h{j} = call {it} @llvm.masked.load.v{vals}i16.p0(ptr {ptr}, i32 2,"
+                   f" <{vals} x i1> %mask, {it} zeroinitializer)"]  # fmt: skip
+        else:
+            out = [f"  %{tag}h{j} = load {it}, ptr {ptr}, align 2"]
+        if kind == "dot":
+            return out + [f"  %{tag}{j} = bitcast {it} %{tag}h{j} to {_B32}"]
+        if kind == "bf16":
+            sh = "<" + ", ".join(["i32 16"] * 16) + ">"
+            return out + [f"  %{tag}z{j} = zext {it} %{tag}h{j} to <16 x i32>",
+                          f"  %{tag}s{j} = shl <16 x i32> %{tag}z{j}, {sh}",
+                          f"  %{tag}{j} = bitcast <16 x i32> %{tag}s{j} to {_V16}"]  # fmt: skip
+        return out + [f"  %{tag}c{j} = bitcast {it} %{tag}h{j} to <16 x half>",
+                      f"  %{tag}{j} = fpext <16 x half> %{tag}c{j} to {_V16}"]  # fmt: skip
+
+    def load_x(i: int, ptr: str, tag: str, masked: bool) -> list[str]:
+        """%{tag}{i}: the step's x (bf16, zero-padded rows; or float32, masked at the end)."""
+        if kind == "dot":
+            return [f"  %{tag}{i} = load {_B32}, ptr {ptr}, align 64"]
+        if masked:
+            return [f"  %{tag}{i} = call {_V16} @llvm.masked.load.v16f32.p0(ptr {ptr}, i32 4,"
+                    f" <16 x i1> %mask, {_V16} zeroinitializer)"]  # fmt: skip
+        return [f"  %{tag}{i} = load {_V16}, ptr {ptr}, align 4"]
+
+    def madd(out: str, a: str, xv: str, wv: str) -> str:
+        if kind == "dot":
+            return f"  {out} = call {_V16} {dp}({_V16} {a}, {_B32} {xv}, {_B32} {wv})"
+        return f"  {out} = call {_V16} @llvm.fma.v16f32({_V16} {xv}, {_V16} {wv}, {_V16} {a})"
+
     s = [
-        f"define internal void @ember_bf16_tile_{mr}_{nr}(ptr %w, i64 %ldw, ptr %x, i64 %ldx,"
+        f"define internal void @ember_{kind}_tile_{mr}_{nr}(ptr %w, i64 %ldw, ptr %x, i64 %ldx,"
         " i64 %nk, i64 %kt, ptr %y, i64 %ldy, i64 %add) #0 {",
         "entry:",
     ]
@@ -67,37 +115,33 @@ def _tile_ir(mr: int, nr: int) -> str:
     s += ["  %any = icmp ugt i64 %nk, 0", "  br i1 %any, label %loop, label %tail", "loop:"]
     s += ["  %b = phi i64 [0, %entry], [%b1, %loop]"]
     s += [f"  %A{i}_{j} = phi {_V16} [zeroinitializer, %entry], [%N{i}_{j}, %loop]" for i, j in acc]
-    s += ["  %off = shl i64 %b, 6"]
+    s += [f"  %offw = shl i64 %b, {wshift}", f"  %offx = shl i64 %b, {xshift}"]
     for j in range(nr):
-        s += [f"  %wp{j} = getelementptr i8, ptr %w{j}, i64 %off"]
-        s += [f"  %wv{j} = load {_B32}, ptr %wp{j}, align 2"]
+        s += [f"  %wp{j} = getelementptr i8, ptr %w{j}, i64 %offw"]
+        s += load_w(j, f"%wp{j}", "wv", False)
     for i in range(mr):
-        s += [f"  %xp{i} = getelementptr i8, ptr %x{i}, i64 %off"]
-        s += [f"  %xv{i} = load {_B32}, ptr %xp{i}, align 64"]
-        for j in range(nr):
-            s += [f"  %N{i}_{j} = call {_V16} {dp}({_V16} %A{i}_{j}, {_B32} %xv{i}, {_B32} %wv{j})"]
+        s += [f"  %xp{i} = getelementptr i8, ptr %x{i}, i64 %offx"]
+        s += load_x(i, f"%xp{i}", "xv", False)
+        s += [madd(f"%N{i}_{j}", f"%A{i}_{j}", f"%xv{i}", f"%wv{j}") for j in range(nr)]
     s += ["  %b1 = add i64 %b, 1", "  %more = icmp ult i64 %b1, %nk"]
     s += ["  br i1 %more, label %loop, label %tail", "tail:"]
     s += [f"  %T{i}_{j} = phi {_V16} [zeroinitializer, %entry], [%N{i}_{j}, %loop]" for i, j in acc]
     s += ["  %ht = icmp ne i64 %kt, 0", "  br i1 %ht, label %last, label %store", "last:"]
-    # the last, partial step: W's load masked to the kt values left (x's rows are zero-padded)
-    iota = ", ".join(f"i32 {c}" for c in range(32))
-    s += ["  %toff = shl i64 %nk, 6", "  %kt32 = trunc i64 %kt to i32"]
-    s += ["  %kti = insertelement <32 x i32> poison, i32 %kt32, i32 0"]
-    s += ["  %kts = shufflevector <32 x i32> %kti, <32 x i32> poison, <32 x i32> zeroinitializer"]
-    s += [f"  %mask = icmp ult <32 x i32> <{iota}>, %kts"]
+    # the last, partial step: W's load masked to the kt values left (and float32 x's; bf16 x's
+    # rows are zero-padded)
+    iota = ", ".join(f"i32 {c}" for c in range(vals))
+    vi = f"<{vals} x i32>"
+    s += [f"  %toffw = shl i64 %nk, {wshift}", f"  %toffx = shl i64 %nk, {xshift}"]
+    s += ["  %kt32 = trunc i64 %kt to i32", f"  %kti = insertelement {vi} poison, i32 %kt32, i32 0"]
+    s += [f"  %kts = shufflevector {vi} %kti, {vi} poison, {vi} zeroinitializer"]
+    s += [f"  %mask = icmp ult {vi} <{iota}>, %kts"]
     for j in range(nr):
-        s += [f"  %tp{j} = getelementptr i8, ptr %w{j}, i64 %toff"]
-        s += [f"  %th{j} = call <32 x i16> @llvm.masked.load.v32i16.p0(ptr %tp{j}, i32 2,"]
-        s[-1] += " <32 x i1> %mask, <32 x i16> zeroinitializer)"
-        s += [f"  %tv{j} = bitcast <32 x i16> %th{j} to {_B32}"]
+        s += [f"  %tp{j} = getelementptr i8, ptr %w{j}, i64 %toffw"]
+        s += load_w(j, f"%tp{j}", "tv", True)
     for i in range(mr):
-        s += [f"  %tx{i} = getelementptr i8, ptr %x{i}, i64 %toff"]
-        s += [f"  %txv{i} = load {_B32}, ptr %tx{i}, align 64"]
-        for j in range(nr):
-            s += [
-                f"  %U{i}_{j} = call {_V16} {dp}({_V16} %T{i}_{j}, {_B32} %txv{i}, {_B32} %tv{j})"
-            ]
+        s += [f"  %tx{i} = getelementptr i8, ptr %x{i}, i64 %toffx"]
+        s += load_x(i, f"%tx{i}", "txv", True)
+        s += [madd(f"%U{i}_{j}", f"%T{i}_{j}", f"%txv{i}", f"%tv{j}") for j in range(nr)]
     s += ["  br label %store", "store:"]
     s += [f"  %S{i}_{j} = phi {_V16} [%T{i}_{j}, %tail], [%U{i}_{j}, %last]" for i, j in acc]
     s += ["  %addf = icmp ne i64 %add, 0"]
@@ -117,11 +161,12 @@ def _tile_ir(mr: int, nr: int) -> str:
     return "\n".join(s)
 
 
-def _task_ir() -> str:
-    """``ember_bf16_task``: pool tasks [t0, t1) of the product whose parameter block is at %d
+def _task_ir(kind: str) -> str:
+    """``ember_{kind}_task``: pool tasks [t0, t1) of the product whose parameter block is at %d
     (the pool's chunk-function signature)."""
+    _, wstep, xstep = KINDS[kind]
     s = [
-        "define void @ember_bf16_task(i64 %d, i64 %u1, i64 %u2, i64 %t0, i64 %t1, i64 %u5,"
+        f"define void @ember_{kind}_task(i64 %d, i64 %u1, i64 %u2, i64 %t0, i64 %t1, i64 %u5,"
         " i64 %u6, i64 %u7, i64 %u8, i64 %u9, i64 %u10, i64 %u11) #0 {",
         "entry:",
         "  %dp = inttoptr i64 %d to ptr",
@@ -158,14 +203,15 @@ def _task_ir() -> str:
     s += ["  %steps = select i1 %lastb, i64 %rest, i64 %ks"]
     s += ["  %ktb = select i1 %lastb, i64 %kt, i64 0", "  %qnz = icmp ne i64 %q, 0"]
     s += ["  %addk = zext i1 %qnz to i64"]  # blocks after the first add onto y
-    s += ["  %ko = shl i64 %s0, 6", "  %wk = getelementptr i8, ptr %wr, i64 %ko"]
+    s += [f"  %kow = mul i64 %s0, {wstep}", "  %wk = getelementptr i8, ptr %wr, i64 %kow"]
+    s += [f"  %kox = mul i64 %s0, {xstep}"]
     s += ["  br label %mg"]
     # MR rows of x (or fewer): the tile for (mr, nr)
     s += ["mg:", "  %i = phi i64 [%m0, %kb], [%i1, %mgend]"]
     s += [f"  %ie = add i64 %i, {MR}", "  %ic = icmp ult i64 %ie, %m1"]
     s += ["  %i1 = select i1 %ic, i64 %ie, i64 %m1", "  %mr = sub i64 %i1, %i"]
     s += ["  %xro = mul i64 %i, %ldx", "  %xr0 = getelementptr i8, ptr %x, i64 %xro"]
-    s += ["  %xk = getelementptr i8, ptr %xr0, i64 %ko"]
+    s += ["  %xk = getelementptr i8, ptr %xr0, i64 %kox"]
     s += ["  %yo = mul i64 %i, %ldy", "  %yo2 = add i64 %yo, %j"]
     s += ["  %yt = getelementptr float, ptr %y, i64 %yo2"]
     s += [
@@ -180,7 +226,7 @@ def _task_ir() -> str:
     for a, b in cases:
         s += [
             f"c{a}_{b}:",
-            f"  call void @ember_bf16_tile_{a}_{b}(ptr %wk, i64 %ldw, ptr %xk, i64 %ldx,"
+            f"  call void @ember_{kind}_tile_{a}_{b}(ptr %wk, i64 %ldw, ptr %xk, i64 %ldx,"
             " i64 %steps, i64 %ktb, ptr %yt, i64 %ldy, i64 %addk)",
             "  br label %mgend",
         ]
@@ -243,26 +289,30 @@ def _build() -> dict:
     from ember.kernels.cpu import gemm as G
     from ember.kernels.cpu import have_numba, pool
 
-    if config.HALF_DOT != "bf16" or not have_numba() or G.isa() != "avx512":
+    if not have_numba() or G.isa() != "avx512" or pool.state() is None:
         return {"ok": False}
     import llvmlite.binding as llvm
 
-    if not llvm.get_host_cpu_features().get("avx512bf16") or pool.state() is None:
-        return {"ok": False}
-    decls = [
-        f"declare {_V16} @llvm.x86.avx512bf16.dpbf16ps.512({_V16}, {_B32}, {_B32})",
-        f"declare <16 x bfloat> @llvm.x86.avx512bf16.cvtneps2bf16.512({_V16})",
-        "declare <32 x i16> @llvm.masked.load.v32i16.p0(ptr, i32, <32 x i1>, <32 x i16>)",
-    ]
-    tiles = [_tile_ir(a, b) for a in range(1, MR + 1) for b in range(1, NR + 1)]
-    names = ["ember_bf16_task", "ember_bf16_round"]
-    engine = G.jit_ir([*decls, *tiles, _task_ir(), _convert_ir()], names)
+    dot = config.HALF_DOT == "bf16" and bool(llvm.get_host_cpu_features().get("avx512bf16"))
+    kinds = ["bf16", "f16"] + (["dot"] if dot else [])
+    decls = ["declare <16 x i16> @llvm.masked.load.v16i16.p0(ptr, i32, <16 x i1>, <16 x i16>)"]
+    if dot:
+        decls += [
+            f"declare {_V16} @llvm.x86.avx512bf16.dpbf16ps.512({_V16}, {_B32}, {_B32})",
+            f"declare <16 x bfloat> @llvm.x86.avx512bf16.cvtneps2bf16.512({_V16})",
+            "declare <32 x i16> @llvm.masked.load.v32i16.p0(ptr, i32, <32 x i1>, <32 x i16>)",
+        ]
+    irs = [_tile_ir(kd, a, b) for kd in kinds for a in range(1, MR + 1) for b in range(1, NR + 1)]
+    irs += [_task_ir(kd) for kd in kinds] + ([_convert_ir()] if dot else [])
+    names = [f"ember_{kd}_task" for kd in kinds] + (["ember_bf16_round"] if dot else [])
+    engine = G.jit_ir([*decls, *irs], names)
     fns = {n: engine.get_function_address(n) for n in names}
-    return {"ok": True, "engine": engine, "fns": fns}
+    return {"ok": True, "dot": dot, "engine": engine, "fns": fns}
 
 
 def state() -> dict | None:
-    """Compile the kernels once: {"fns": {name: address}}; None where they cannot run here."""
+    """Compile the kernels once: {"dot": bool, "fns": {name: address}}; None where none can
+    run here (no AVX-512 family, llvmlite, numba or pool)."""
     if "ok" not in _STATE:
         with _LOCK:
             if "ok" not in _STATE:
@@ -272,6 +322,12 @@ def state() -> dict | None:
 
 def available() -> bool:
     """Whether ``matmul_t`` runs here (AVX-512 BF16, llvmlite, numba; EMBER_HALF_DOT=bf16)."""
+    st = state()
+    return st is not None and st["dot"]
+
+
+def float_available() -> bool:
+    """Whether ``matmul_t_float`` runs here (AVX-512F, llvmlite, numba)."""
     return state() is not None
 
 
@@ -298,11 +354,10 @@ def round_x(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _plan(m: int, n: int, k: int, threads: int) -> tuple[int, int]:
-    """(rows of x per task, rows of W per task): x's block about X_BYTES, at least
-    TASKS_PER_THREAD tasks per thread, each about TASK_MACS multiply-adds or fewer."""
-    kp = -(-k // 32) * 32
-    m_block = max(MR, min(m, X_BYTES // (2 * kp)) // MR * MR)
+def _plan(m: int, n: int, xrow: int, k: int, threads: int) -> tuple[int, int]:
+    """(rows of x per task, rows of W per task): x's block (xrow bytes a row) about X_BYTES,
+    at least TASKS_PER_THREAD tasks per thread, each about TASK_MACS multiply-adds or fewer."""
+    m_block = max(MR, min(m, X_BYTES // xrow) // MR * MR)
     m_blocks = -(-m // m_block)
     groups = -(-n // NR)
     want = -(-TASKS_PER_THREAD * threads // m_blocks)
@@ -311,37 +366,59 @@ def _plan(m: int, n: int, k: int, threads: int) -> tuple[int, int]:
     return m_block, -(-groups // tasks_n) * NR
 
 
-def matmul_t(w16: np.ndarray, x: np.ndarray, threads: int | None = None) -> np.ndarray:
-    """``x @ W.T`` (M, N) float32 for W (N, K) bf16 bits (uint16, C-contiguous) and x (M, K)
-    float32: x rounded to bf16, products accumulated in float32 (see module doc)."""
+def _check(w16: np.ndarray, x: np.ndarray) -> np.ndarray:
+    n, k = w16.shape
+    if x.ndim != 2 or x.shape[1] != k or w16.dtype != np.uint16 or not w16.flags.c_contiguous:
+        raise ShapeError(f"16-bit weight product: x {x.shape} and W {w16.shape} ({w16.dtype})")
+    y = np.empty((x.shape[0], n), np.float32)
+    if k == 0:
+        y[...] = 0
+    return y
+
+
+def _run(kind: str, w16: np.ndarray, xi: int, ldx: int, y: np.ndarray, threads: int | None):
+    """The pool tasks of ``y = x @ W.T``, x's rows at address xi, ldx bytes apart."""
     from ember.kernels.cpu import pool
     from ember.threads import get_num_threads
 
-    n, k = w16.shape
-    m = x.shape[0]
-    if x.ndim != 2 or x.shape[1] != k or w16.dtype != np.uint16 or not w16.flags.c_contiguous:
-        raise ShapeError(f"bf16 product: x {x.shape} and W {w16.shape} ({w16.dtype})")
-    y = np.empty((m, n), np.float32)
-    if m == 0 or n == 0:
-        return y
-    if k == 0:
-        y[...] = 0
-        return y
-    xb = round_x(x)
+    (n, k), m = w16.shape, y.shape[0]
+    vals = KINDS[kind][0]
+    ksteps = K_STEPS * 32 // vals  # a block of K: the same bytes of W whatever the kind
     threads = max(1, get_num_threads() if threads is None else threads)
-    m_block, n_chunk = _plan(m, n, k, threads)
+    m_block, n_chunk = _plan(m, n, ldx, k, threads)
     tasks_n = -(-n // n_chunk)
-    nk, kt = divmod(k, 32)
-    nkb = max(1, -(-nk // K_STEPS))
-    if kt and nk == nkb * K_STEPS:  # the tail alone would make one more block
+    nk, kt = divmod(k, vals)
+    nkb = max(1, -(-nk // ksteps))
+    if kt and nk == nkb * ksteps:  # the tail alone would make one more block
         nkb += 1
     desc = np.zeros(D_WORDS, np.int64)
-    desc[[D_W, D_LDW, D_X, D_LDX, D_Y, D_LDY]] = (w16.ctypes.data, 2 * k, xb.ctypes.data,
-                                                  2 * xb.shape[1], y.ctypes.data, n)  # fmt: skip
+    desc[[D_W, D_LDW, D_X, D_LDX, D_Y, D_LDY]] = (w16.ctypes.data, 2 * k, xi, ldx,
+                                                  y.ctypes.data, n)  # fmt: skip
     desc[[D_M, D_N, D_TASKS_N, D_NCHUNK, D_MBLOCK]] = (m, n, tasks_n, n_chunk, m_block)
-    desc[[D_KSTEPS, D_NK, D_KT, D_NKB]] = (K_STEPS, nk, kt, nkb)
+    desc[[D_KSTEPS, D_NK, D_KT, D_NKB]] = (ksteps, nk, kt, nkb)
     tasks = -(-m // m_block) * tasks_n
-    pool.run_items(state()["fns"]["ember_bf16_task"], desc.ctypes.data, tasks, 1)
+    pool.run_items(state()["fns"][f"ember_{kind}_task"], desc.ctypes.data, tasks, 1)
+
+
+def matmul_t(w16: np.ndarray, x: np.ndarray, threads: int | None = None) -> np.ndarray:
+    """``x @ W.T`` (M, N) float32 for W (N, K) bf16 bits (uint16, C-contiguous) and x (M, K)
+    float32: x rounded to bf16, products accumulated in float32 (see module doc)."""
+    y = _check(w16, x)
+    if y.size and w16.shape[1]:
+        xb = round_x(x)
+        _run("dot", w16, xb.ctypes.data, 2 * xb.shape[1], y, threads)
+    return y
+
+
+def matmul_t_float(
+    qtype: str, w16: np.ndarray, x: np.ndarray, threads: int | None = None
+) -> np.ndarray:
+    """``x @ W.T`` (M, N) float32 for W (N, K) BF16 or F16 bits (uint16, C-contiguous) and x
+    (M, K) float32, not rounded: the weights widened exactly, FMAs in float32 (module doc)."""
+    y = _check(w16, x)
+    if y.size and w16.shape[1]:
+        x = np.ascontiguousarray(x, np.float32)
+        _run(qtype.lower(), w16, x.ctypes.data, 4 * x.shape[1], y, threads)
     return y
 
 
