@@ -10,6 +10,7 @@ same in every module. Tests that need another value run a fresh process with the
 | ``EMBER_SGEMM_ISA`` | ``avx512``, ``avx2``, ``none`` | cap the LLVM IR microkernel family (``none``: numpy) |
 | ``EMBER_QUANT_DOT`` | ``int8`` (default), ``int8-256``, ``float`` | ``float``: Q8_0/Q4_0/Q4_1 small products dequantize to float instead of quantizing x to int8 (kernels.cpu.quant._idot); ``int8-256``: their 256-bit loop even where AVX-512 VNNI runs two blocks per 512-bit step |
 | ``EMBER_QUANT_REPACK`` | ``1`` (default), ``0`` | ``0``: Q8_0/Q4_0/Q4_1/Q6_K products read the GGUF blocks where they lie instead of a copy repacked once in panels of 16 rows (kernels.cpu.quant._panels: about the weight's size in memory) |
+| ``EMBER_HALF_DOT`` | ``bf16`` (default), ``float`` | ``float``: BF16 weights times many rows of x (a prompt) multiply float32 x by the widened weights instead of rounding x to bf16 for ``vdpbf16ps`` (kernels.cpu.quant.bf16dot) |
 | ``EMBER_GRAPHS`` | ``1`` (default), ``0`` | ``0``: one-token decode steps run as plain forwards instead of captured, replayed graphs (ember.nn.graph) |
 | ``EMBER_MALLOC`` | ``keep`` (default), ``system`` | ``system``: leave glibc's malloc thresholds alone (ember.memory) |
 | ``EMBER_FUZZ_EXAMPLES`` | an int | tests only: a longer randomised run of the reader fuzzer |
@@ -50,6 +51,7 @@ if SGEMM_ISA == "auto":
 QUANT_DOT: str = _choice("EMBER_QUANT_DOT", ("int8", "int8-256", "float"), "int8")
 QUANT_WIDE: bool = QUANT_DOT == "int8"
 QUANT_REPACK: bool = _choice("EMBER_QUANT_REPACK", ("1", "0"), "1") == "1"
+HALF_DOT: str = _choice("EMBER_HALF_DOT", ("bf16", "float"), "bf16")
 GRAPHS: bool = _choice("EMBER_GRAPHS", ("1", "0"), "1") == "1"
 MALLOC: str = _choice("EMBER_MALLOC", ("keep", "system"), "keep")
 FUZZ_EXAMPLES: int | None = (

@@ -9,7 +9,8 @@ import pytest
 import ember
 from ember import nn
 from ember.kernels import registry
-from ember.kernels.cpu.quant import half, matmul_t
+from ember.kernels.cpu.quant import bf16dot, half, matmul_t
+from ember.kernels.cpu.quant._common import SMALL_M
 from ember.quant import QTensor
 from ember.quant.nn import QLinear
 from tests.helpers import check_kernel, threads_set
@@ -28,18 +29,25 @@ def _weight(rng, qtype, n, k):
 def test_products_match_float64_and_each_row_alone(qtype, n, k):
     rng = np.random.default_rng(n + k)
     w, q = _weight(rng, qtype, n, k)
-    for m in (1, 4, 5, 17, 64, 70):
+    for m in (1, 4, 5, 8, 9, 17, 64, 70):
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[:, ::5] *= 100
-        exact = x.astype(np.float64) @ w.astype(np.float64).T
-        terms = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+        dot = half._dot(qtype, m)  # x rounded to bf16 for vdpbf16ps
+        xr = bf16_float(bf16dot.bf16_round_reference(x)) if dot else x
+        exact = xr.astype(np.float64) @ w.astype(np.float64).T
+        terms = np.abs(xr.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
         for threads in (1, 2):
             with threads_set(threads):
                 y = matmul_t(q, x)
                 assert (np.abs(y - exact) <= 2e-6 * terms + 1e-30).all()
-                if m <= half.MAX_ROWS:  # (a prompt's tiles go to BLAS)
+                route = half._route(qtype, m)
+                if m <= SMALL_M:  # every row as alone (the server's batched decode)
+                    assert route == "rows"
+                if route == "rows":
                     alone = np.concatenate([matmul_t(q, x[i : i + 1]) for i in range(m)])
                     np.testing.assert_array_equal(y, alone)
+                if route in ("dot", "float"):  # a row's result does not depend on its place
+                    np.testing.assert_array_equal(matmul_t(q, x[::-1])[::-1], y)
 
 
 def test_registered_kernel_shapes_bias_and_limits():
@@ -50,12 +58,32 @@ def test_registered_kernel_shapes_bias_and_limits():
     cases = [((rng.standard_normal(s).astype(np.float32),), {"qweight": q}) for s in
              [(96,), (1, 96), (3, 96), (2, 5, 96)]]  # fmt: skip
     cases += [((rng.standard_normal((4, 96)).astype(np.float32), b), {"qweight": q})]
-    check_kernel(kernel, cases=cases, rtol=1e-5, atol=1e-4)
-    for m in (half.MAX_ROWS + 1, 200):  # a prompt: tiles of widened rows for BLAS
+    check_kernel(kernel, _path_reference, cases=cases, rtol=1e-5, atol=1e-4)
+    for m in (SMALL_M + 1, half.MAX_ROWS + 1, 200):  # a prompt: vdpbf16ps, or BLAS's tiles
         x = rng.standard_normal((m, 96)).astype(np.float32)
-        check_kernel(kernel, cases=[((x,), {"qweight": q})], rtol=1e-5, atol=1e-4)
+        check_kernel(kernel, _path_reference, cases=[((x,), {"qweight": q}), ((x, b), {"qweight": q})],
+                     rtol=1e-5, atol=1e-4)  # fmt: skip
     _, odd = _weight(rng, "F16", 8, 48)  # rows not a whole number of 32-value blocks
     assert not kernel.when(np.ones((1, 48), np.float32), qweight=odd)
+
+
+def _path_reference(x, b=None, *, qweight):
+    """The registered reference, or where x is rounded to bf16 for vdpbf16ps, float64
+    (bf16-rounded x) @ W.T + b: what its products round to float32."""
+    n, k = qweight.shape
+    if not half._dot(qweight.qtype, x.size // k):
+        return kernel_reference(x, b, qweight=qweight)
+    w16 = np.asarray(qweight.data).view(np.uint16).reshape(n, k)
+    y = bf16dot.reference(w16, x.reshape(-1, k)).reshape(x.shape[:-1] + (n,))
+    return (y if b is None else y + b).astype(np.float32)
+
+
+def kernel_reference(x, b=None, *, qweight):
+    return half._reference(x, b, qweight=qweight)
+
+
+def bf16_float(h):
+    return bf16dot.bf16_to_float(h)
 
 
 def test_bound_product_reads_x_when_called():
