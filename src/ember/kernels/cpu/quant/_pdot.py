@@ -1,4 +1,4 @@
-"""Integer products of Q8_0 / Q4_0 / Q4_1 / Q6_K weight panels (``_panels``) and int8 x.
+"""Integer products of Q8_0 / Q4_0 / Q4_1 / Q6_K / Q4_K / Q5_K weight panels and int8 x.
 
 x is quantized by ``_q8x`` (Q8 blocks of 32: int8 ``q``, scale ``d``, and per block ``sum(q)``
 as an integer and ``d * sum(q)`` as a float). For weight row n, x row r, block b the kernels
@@ -8,6 +8,8 @@ form the block's exact integer dot product, then one float step:
 * Q4_0:  ``i = sum(n_w q_x) - 8 sum(q_x)``            (= ``sum((n_w - 8) q_x)``)
 * Q4_1:  ``i = sum(n_w q_x)``, and the min term ``m_w * (d_x sum(q_x))`` in its own sum
 * Q6_K:  each half block's ``sum(q_w q_x) - 32 sum(q_x)`` times its int8 scale (``_pdot_q6k``)
+* Q4_K / Q5_K: ``i = sum(q_w q_x)`` per sub-block (= x block) with scale ``d_w sc`` and the min
+  term ``-(dmin_w m) * (d_x sum(q_x))`` in its own sum (``_pdot_q4k``)
 * ``acc[n, r] = fma(d_w * d_x, float(i), acc[n, r])`` block after block; y = acc (+ the min sum)
 
 One 32-bit lane is one weight row: a 512-bit ``vpdpbusd`` multiplies 4 bytes of each of a
@@ -43,7 +45,7 @@ from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu.quant import _idot, _panels
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # format id = index
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K", "Q4_K", "Q5_K")  # format id = index
 G_MAX = {"zmm": 8, "ymm": 4, "avx2": 4}  # x rows per kernel call, by path
 CHUNK_BYTES = 1 << 16  # weight bytes per chunk of pool work (for one group of x rows)
 # bytes ahead of the current block that each block step prefetches, every line of it: one
@@ -64,13 +66,19 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
 
     Arguments as kernels.cpu.pool calls them: (w, panel bytes, blocks of x, r0, r1, xq, ldx,
     xd, xs, ldd, y, ldy); xs holds the offset's correction -128 sum(q) (Q8_0) or -8 sum(q)
-    (Q4_0) as int32, d * sum(q) as float32 (Q4_1), or -32 sum(q) of each half block (Q6_K).
+    (Q4_0) as int32, d * sum(q) as float32 (Q4_1, Q4_K, Q5_K), or -32 sum(q) of each half
+    block (Q6_K).
     """
     W = 16 if path == "zmm" else 8  # lanes (rows) per vector
     if qtype == "Q6_K":
         from ember.kernels.cpu.quant import _pdot_q6k
 
         return frame_ir(qtype, g, path, 384, 2, False, _pdot_q6k.block_ir(g, path, W))
+    if qtype in _panels.KQUANT:
+        from ember.kernels.cpu.quant import _pdot_q4k
+
+        qn = _panels.KQUANT[qtype][1] * 8  # quant bytes of a panel per x block
+        return frame_ir(qtype, g, path, qn, 1, True, _pdot_q4k.block_ir(qtype, g, path, W))
     groups = _panels.SPECS[qtype][2]
     body = _block_ir(qtype, g, path, W)
     return frame_ir(qtype, g, path, 64 * groups, 1, qtype == "Q4_1", body)
@@ -312,8 +320,9 @@ def _dot_ir(path: str, u: str, terms: list, init: str, kind: str, g: int, W: int
     """%i{u}: init + the sum of the terms (weight operand, x row, x word) as int32 lanes.
 
     On AVX2 (``vpmaddubsw``: int16 pairs, then ``vpmaddwd``) by the weight's range, ``kind``:
-    "s8" (nibbles: 8 products of |pair| <= 2 * 15 * 127 summed in int16), "u6" (Q6_K's 6-bit
-    values: |pair| <= 2 * 63 * 127, two at a time), "sign" (Q8_0: weight operands are
+    "s8" (nibbles: 8 products of |pair| <= 2 * 15 * 127 summed in int16), "u5" (Q5_K's 5-bit
+    values: |pair| <= 2 * 31 * 127, four at a time), "u6" (Q6_K's 6-bit values:
+    |pair| <= 2 * 63 * 127, two at a time), "sign" (Q8_0: weight operands are
     (|q_w|, q_w) for the sign trick, |pair| <= 2 * 128 * 127, each widened alone).
     """
     B = 4 * W
@@ -346,7 +355,7 @@ def _dot_ir(path: str, u: str, terms: list, init: str, kind: str, g: int, W: int
             xop = f"%sg{u}_{t}"
         s += [f"  %pm{u}_{t} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({vb} {wop}, {vb} {xop})"]
         prods.append(f"%pm{u}_{t}")
-    per = {"s8": len(prods), "u6": 2, "sign": 1}[kind]  # products one int16 sum can take
+    per = {"s8": len(prods), "u5": 4, "u6": 2, "sign": 1}[kind]  # products one int16 sum can take
     acc = init
     for c in range(0, len(prods), per):
         part = prods[c]
@@ -389,7 +398,7 @@ def declarations(path: str, have: list[str]) -> list[str]:
 
 
 def module_ir(path: str, have: list[str] = ()) -> list[str]:
-    """Every kernel of a path (three formats x 1..G_MAX rows) with the declarations needed."""
+    """Every kernel of a path (every format x 1..G_MAX rows) with the declarations needed."""
     fns = [kernel_ir(q, g, path) for q in FORMATS for g in range(1, G_MAX[path] + 1)]
     return declarations(path, list(have)) + fns
 
@@ -426,7 +435,7 @@ def _driver_py(
         for i in range(m):
             for b in range(nb):
                 xi[i, b] *= off
-    elif f == 2:
+    elif f == 2 or f >= 4:  # Q4_1, Q4_K, Q5_K: d * sum(q) for the min term
         sa = xs.ctypes.data
     else:  # Q6_K: -32 sum(q) of each half block (a scale covers 16 values)
         sa = xh.ctypes.data
