@@ -78,15 +78,19 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
         from ember.kernels.cpu.quant import _pdot_q4k
 
         qn = _panels.KQUANT[qtype][1] * 8  # quant bytes of a panel per x block
-        return frame_ir(qtype, g, path, qn, 1, True, _pdot_q4k.block_ir(qtype, g, path, W))
+        body = _pdot_q4k.block_ir(qtype, g, path, W)
+        return frame_ir(qtype, g, path, qn, 1, True, body, step=2)
     groups = _panels.SPECS[qtype][2]
     body = _block_ir(qtype, g, path, W)
     return frame_ir(qtype, g, path, 64 * groups, 1, qtype == "Q4_1", body)
 
 
-def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body) -> str:
+def frame_ir(
+    qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body, step: int = 1
+) -> str:
     """The loops every format shares: over the panels of rows [r0, r1), over the blocks of x
-    (``%b``: quants at ``%qa`` = panel + b * qn, scales at ``%sb`` + 32 b, ``%mb`` after them),
+    (``%b``: quants at ``%qa`` = panel + b * qn, scales at ``%sb`` + 32 b, ``%mb`` after them;
+    ``step`` blocks per iteration, nb a multiple of it),
     the accumulators ``%a{r}_{h}`` (and ``%m{r}_{h}``: Q4_1's min term) that ``body`` (the IR of
     one block) advances to ``%an{r}_{h}`` / ``%mn{r}_{h}``, and the stores (masked in the last
     panel). x row r's sums at ``%xs{r}`` are ``xs_rows`` rows of ldd int32 apart.
@@ -144,7 +148,7 @@ def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body
         "  %qa = getelementptr i8, ptr %pb, i64 %qo",
         "  %so = shl i64 %b, 5",
     ]
-    for k in range(qn // 64):  # every cache line of the block's quants, PREFETCH bytes ahead
+    for k in range(step * qn // 64):  # every line of the blocks' quants, PREFETCH bytes ahead
         s += [
             f"  %pf{k} = getelementptr i8, ptr %qa, i64 {PREFETCH + 64 * k}",
             f"  call void @llvm.prefetch.p0(ptr %pf{k}, i32 0, i32 3, i32 1)",
@@ -156,7 +160,7 @@ def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body
     ]
     s += body
     s += [
-        "  %b1 = add i64 %b, 1",
+        f"  %b1 = add i64 %b, {step}",
         "  %more = icmp ult i64 %b1, %nb",
         "  br i1 %more, label %blk, label %store",
         "store:",
@@ -218,28 +222,29 @@ def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body
     return "\n".join(s)
 
 
-def x_ir(r: int, W: int, path: str) -> list[str]:
-    """x row r's block %b: its scale broadcast (``%dxv{r}``) and its 8 words of int8 each
-    broadcast to every lane (``%ev{r}_{j}``; ``%eb{r}_{j}`` as bytes on AVX2)."""
+def x_ir(r: int, W: int, path: str, b: str = "%b", tag=None) -> list[str]:
+    """x row r's block ``b``: its scale broadcast (``%dxv{tag}``) and its 8 words of int8 each
+    broadcast to every lane (``%ev{tag}_{j}``; ``%eb{tag}_{j}`` as bytes on AVX2); tag: r."""
     vf, vi = f"<{W} x float>", f"<{W} x i32>"
+    t = r if tag is None else tag
     s = [
-        f"  %xo{r} = shl i64 %b, 5",
-        f"  %xb{r} = getelementptr i8, ptr %xq{r}, i64 %xo{r}",
-        f"  %dxa{r} = getelementptr float, ptr %xd{r}, i64 %b",
-        f"  %dx{r} = load float, ptr %dxa{r}, align 4",
-        f"  %dxi{r} = insertelement {vf} poison, float %dx{r}, i32 0",
-        f"  %dxv{r} = shufflevector {vf} %dxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
+        f"  %xo{t} = shl i64 {b}, 5",
+        f"  %xb{t} = getelementptr i8, ptr %xq{r}, i64 %xo{t}",
+        f"  %dxa{t} = getelementptr float, ptr %xd{r}, i64 {b}",
+        f"  %dx{t} = load float, ptr %dxa{t}, align 4",
+        f"  %dxi{t} = insertelement {vf} poison, float %dx{t}, i32 0",
+        f"  %dxv{t} = shufflevector {vf} %dxi{t}, {vf} poison, <{W} x i32> zeroinitializer",
     ]
     for j in range(8):
         s += [
-            f"  %ea{r}_{j} = getelementptr i8, ptr %xb{r}, i64 {4 * j}",
-            f"  %e{r}_{j} = load i32, ptr %ea{r}_{j}, align 4",
-            f"  %ei{r}_{j} = insertelement {vi} poison, i32 %e{r}_{j}, i32 0",
-            f"  %ev{r}_{j} = shufflevector {vi} %ei{r}_{j}, {vi} poison,"
+            f"  %ea{t}_{j} = getelementptr i8, ptr %xb{t}, i64 {4 * j}",
+            f"  %e{t}_{j} = load i32, ptr %ea{t}_{j}, align 4",
+            f"  %ei{t}_{j} = insertelement {vi} poison, i32 %e{t}_{j}, i32 0",
+            f"  %ev{t}_{j} = shufflevector {vi} %ei{t}_{j}, {vi} poison,"
             f" <{W} x i32> zeroinitializer",
         ]
         if path == "avx2":
-            s += [f"  %eb{r}_{j} = bitcast {vi} %ev{r}_{j} to <{4 * W} x i8>"]
+            s += [f"  %eb{t}_{j} = bitcast {vi} %ev{t}_{j} to <{4 * W} x i8>"]
     return s
 
 
