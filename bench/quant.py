@@ -8,9 +8,9 @@ reads its weight from DRAM, as a decode step does) and times passes over them wi
 M = 1..16 rows (decode and small batches), at 1 and 2 threads: weight bytes / time, as a share
 of the machine's read bandwidth measured in the same run the way the issue states it (numpy's
 ``a.sum()`` over 1 GiB, on 1 thread, and on 2 threads each summing half). Kernels: the default
-(Q8_0/Q4_0/Q4_1/Q6_K on weights repacked in panels, ``kernels.cpu.quant._pdot``) and, for the
-same types, ``EMBER_QUANT_REPACK=0`` (the GGUF blocks as they lie: ``_idot``'s loops, numba's
-matrix-vector kernels); Q4_K as it runs.
+(Q8_0/Q4_0/Q4_1/Q6_K/Q4_K on weights repacked in panels, ``kernels.cpu.quant._pdot``) and,
+for the same types, ``EMBER_QUANT_REPACK=0`` (the GGUF blocks as they lie: ``_idot``'s loops,
+numba's matrix-vector kernels). (Q5_K has panels too, but no quantizer to make its weights.)
 
 Prefill: the same layer's products for a 128-row x (a prompt), weight cached, against float32
 BLAS ``x @ W.T`` on the dequantized weights, at 1 and 2 threads.
@@ -177,7 +177,7 @@ def main() -> None:
     for r in rows:
         vals = [(r[i], r[i + 1]) for i in range(2, len(r), 2)]
         cells = [pct(v) for v in vals] + ["-"] * (4 - len(vals))
-        if len(vals) == 2:  # one layout only (Q4_K): it is the GGUF one
+        if len(vals) == 2:  # one layout only (a format without panels): the GGUF one
             cells = ["-", "-", pct(vals[0]), pct(vals[1])]
         lines.append(f"| {r[0]} | {r[1]} | " + " | ".join(cells) + " |")
     lines += [

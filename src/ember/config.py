@@ -8,8 +8,8 @@ same in every module. Tests that need another value run a fresh process with the
 | ``EMBER_NO_NUMBA`` | ``1`` / ``true`` | never import numba: kernels that need it step aside, ops run their numpy references |
 | ``EMBER_KERNELS`` | ``all`` (default), ``reference`` | ``reference``: the registry picks no kernel |
 | ``EMBER_SGEMM_ISA`` | ``avx512``, ``avx2``, ``none`` | cap the LLVM IR microkernel family (``none``: numpy) |
-| ``EMBER_QUANT_DOT`` | ``int8`` (default), ``int8-256``, ``float`` | ``float``: Q8_0/Q4_0/Q4_1 small products dequantize to float instead of quantizing x to int8 (kernels.cpu.quant._idot); ``int8-256``: their 256-bit loop even where AVX-512 VNNI runs two blocks per 512-bit step |
-| ``EMBER_QUANT_REPACK`` | ``1`` (default), ``0`` | ``0``: Q8_0/Q4_0/Q4_1/Q6_K products read the GGUF blocks where they lie instead of a copy repacked once in panels of 16 rows (kernels.cpu.quant._panels: about the weight's size in memory) |
+| ``EMBER_QUANT_DOT`` | ``int8`` (default), ``int8-256``, ``float`` | ``float``: Q8_0/Q4_0/Q4_1/Q6_K/Q4_K/Q5_K products dequantize to float instead of quantizing x to int8 (kernels.cpu.quant._pdot, _idot); ``int8-256``: their 256-bit loop even where AVX-512 VNNI runs two blocks per 512-bit step |
+| ``EMBER_QUANT_REPACK`` | ``1`` (default), ``0`` | ``0``: Q8_0/Q4_0/Q4_1/Q6_K/Q4_K/Q5_K products read the GGUF blocks where they lie instead of a copy repacked once in panels of 16 rows (kernels.cpu.quant._panels: about the weight's size in memory) |
 | ``EMBER_HALF_DOT`` | ``bf16`` (default), ``float`` | ``float``: BF16 weights times many rows of x (a prompt) multiply float32 x by the widened weights instead of rounding x to bf16 for ``vdpbf16ps`` (kernels.cpu.quant.bf16dot) |
 | ``EMBER_GRAPHS`` | ``1`` (default), ``0`` | ``0``: one-token decode steps run as plain forwards instead of captured, replayed graphs (ember.nn.graph) |
 | ``EMBER_MALLOC`` | ``keep`` (default), ``system`` | ``system``: leave glibc's malloc thresholds alone (ember.memory) |

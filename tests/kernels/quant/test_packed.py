@@ -105,7 +105,11 @@ def test_nan_rows_stay_in_their_rows():
 
 def test_the_ops_take_the_packed_gemm(monkeypatch):
     """A training step's products (512 rows) run here, forward and backward; fewer than
-    MIN_ROWS rows keep the BLAS tiles."""
+    MIN_ROWS rows keep the BLAS tiles. (Every format's forward runs the panel kernels by
+    default: EMBER_QUANT_REPACK=0 gives this one back to the float kernels.)"""
+    from ember import config
+
+    monkeypatch.setattr(config, "QUANT_REPACK", False)
     calls = []
     for name in ("matmul_t", "matmul_qt"):
         real = getattr(packed, name)

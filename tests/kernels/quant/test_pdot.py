@@ -74,6 +74,34 @@ def test_layout_of_one_panel():
         np.testing.assert_array_equal(p[1024 + 32 * b : 1056 + 32 * b], w3[:, b, 0:2].ravel())
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+def test_layout_of_one_k_quant_panel(qtype):
+    """Q4_K / Q5_K: lane i of quant group k is 4 bytes of row i's nibbles (Q5_K: then its qh);
+    each sub-block's 16 scales, then 16 mins, as bytes (ggml's 6-bit unpacking); then per
+    super-block the 16 rows' d, then their dmin."""
+    rng = np.random.default_rng(1)
+    nb = 2
+    w3 = _w3(rng, qtype, 16, nb)
+    p = _panels.pack(w3, qtype)[0]
+    qoff, groups, per = _panels.KQUANT[qtype]
+    assert p.size == per * nb and groups * 64 + 256 + 64 == per
+    qn = nb * groups * 64
+    for b in range(nb):
+        for k in range(groups):
+            src = qoff + 4 * k if k < 32 else 16 + 4 * (k - 32)
+            for i in range(16):
+                got = p[(b * groups + k) * 64 + 4 * i : (b * groups + k) * 64 + 4 * i + 4]
+                np.testing.assert_array_equal(got, w3[i, b, src : src + 4])
+        for c in range(8):
+            for i in range(16):
+                sc, mn = _common.scale_min_k4(w3, i, b, c)
+                assert p[qn + 256 * b + 32 * c + i] == sc
+                assert p[qn + 256 * b + 32 * c + 16 + i] == mn
+        d = p[qn + 256 * nb + 64 * b : qn + 256 * nb + 64 * (b + 1)]
+        np.testing.assert_array_equal(d[:32], w3[:, b, 0:2].ravel())
+        np.testing.assert_array_equal(d[32:], w3[:, b, 2:4].ravel())
+
+
 def test_quantizer_matches_numpy():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((9, 256)).astype(np.float32)
@@ -181,7 +209,7 @@ def test_checks_refuse_bad_operands():
     with pytest.raises(DTypeError):
         _pdot.check("Q4_1", p, 20, x.astype(np.float64), y)
     with pytest.raises(DTypeError):
-        _pdot.check("Q4_K", p, 20, x, y)
+        _pdot.check("Q5_0", p, 20, x, y)
     with pytest.raises(ShapeError):
         _panels.pack(w3[:, :, 1:], "Q4_1")
     with pytest.raises(DTypeError):
@@ -222,7 +250,8 @@ from ember.kernels.cpu.quant import _pdot, _panels
 from tests.quant.conftest import random_blocks
 rng = np.random.default_rng(2)
 out = []
-for q, bs, k in (("Q8_0", 34, 96), ("Q4_0", 18, 96), ("Q4_1", 20, 96), ("Q6_K", 210, 768)):
+for q, bs, k in (("Q8_0", 34, 96), ("Q4_0", 18, 96), ("Q4_1", 20, 96), ("Q6_K", 210, 768),
+                 ("Q4_K", 144, 768), ("Q5_K", 176, 768)):
     w3 = random_blocks(rng, q, 37 * 3).reshape(37, 3, bs)
     p = _panels.pack(w3, q)
     for m in (1, 5, 19):
@@ -280,50 +309,115 @@ def test_stacked_weight_is_only_panels(rows, monkeypatch):
     np.testing.assert_allclose(s.matmul_t(x), y, rtol=1e-2, atol=0.1 * np.abs(y).max())
 
 
-def _q6k_reference(w3, x):
-    """x @ W.T from x's Q8 blocks and Q6_K's integers, in float64 (exact but for rounding)."""
+def _exact_weight(qtype, w3):
+    """The weight (n, K) in float64, exactly (Q6_K by its dequantizer, whose float32 steps are
+    exact for its values; Q4_K / Q5_K from their integers), and |its scaled-quant part| plus
+    |its min part| (the scale of the product's float32 rounding)."""
     from ember.quant.dequant import DEQUANTIZERS
 
-    n, nb, _ = w3.shape
-    w = DEQUANTIZERS["Q6_K"](w3.reshape(-1, 210)).reshape(n, 256 * nb).astype(np.float64)
+    n, nb, bs = w3.shape
+    if qtype == "Q6_K":
+        w = DEQUANTIZERS["Q6_K"](w3.reshape(-1, 210)).reshape(n, 256 * nb).astype(np.float64)
+        return w, np.abs(w)
+    d = w3[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)[..., None, None]
+    dmin = w3[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)[..., None, None]
+    sc, mn = (v[..., None].astype(np.float64) for v in _panels.scales_mins_reference(w3[..., 4:16]))
+    qoff = _panels.KQUANT[qtype][0]
+    qs = w3[..., qoff : qoff + 128].reshape(n, nb, 4, 32).astype(np.int64)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, nb, 8, 32)
+    if qtype == "Q5_K":  # bit c of qh byte l: value l of sub-block c, bit 4
+        qh = w3[..., 16:48].astype(np.int64)[:, :, None, :]
+        q = q + 16 * ((qh >> np.arange(8)[None, None, :, None]) & 1)
+    scaled, low = d * sc * q, dmin * mn * np.ones(32)
+    return (scaled - low).reshape(n, -1), (np.abs(scaled) + np.abs(low)).reshape(n, -1)
+
+
+def _same_x_reference(qtype, w3, x):
+    """x @ W.T from x's Q8 blocks and the exact weight, in float64 (exact but for rounding)."""
+    w, aw = _exact_weight(qtype, w3)
     q, d, _, _ = _q8x.quantize_rows(x)
     m = x.shape[0]
     xr = (q.reshape(m, -1, 32) * d[..., None].astype(np.float64)).reshape(m, -1)
-    return xr @ w.T, np.abs(xr) @ np.abs(w).T, w
+    return xr @ w.T, np.abs(xr) @ aw.T, w
 
 
-@pytest.mark.parametrize("n, nb", [(1, 1), (37, 2), (48, 3)])
-def test_q6_k_matches_the_same_quantized_x(n, nb):
-    """Q6_K's panel kernel: against float64 of the same int8 x, and within the int8 step's
-    error of the float product (test_idot's checks, for the K-quant)."""
+def test_q4_k_reference_is_the_dequantizer():
+    """The exact float64 Q4_K / Q5_K weights above are ember's dequantization (to its float32)."""
+    from ember.quant.dequant import DEQUANTIZERS
+
+    rng = np.random.default_rng(3)
+    for qtype, bs in (("Q4_K", 144), ("Q5_K", 176)):
+        w3 = _w3(rng, qtype, 5, 3)
+        want = DEQUANTIZERS[qtype](w3.reshape(-1, bs)).reshape(5, -1).astype(np.float64)
+        got, terms = _exact_weight(qtype, w3)
+        assert (np.abs(got - want) <= 1e-6 * terms).all()
+
+
+K_QUANTS = ["Q6_K", "Q4_K", "Q5_K"]
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS)
+@pytest.mark.parametrize("n, nb", [(1, 1), (17, 2), (37, 3), (48, 5)])
+def test_k_quants_match_the_same_quantized_x(qtype, n, nb):
+    """The K-quants' panel kernels: against float64 of the same int8 x, every row's own terms
+    setting the float32 tolerance (N not a multiple of 16, K = 256 k, M = 1..17 and a
+    prompt's 128 rows), and within the int8 step's error of the float product."""
     rng = np.random.default_rng(n + nb)
-    w3 = _w3(rng, "Q6_K", n, nb)
-    for m in (1, 2, 9, 19):
+    w3 = _w3(rng, qtype, n, nb)
+    for m in (*range(1, 18), 128):
         x = rng.standard_normal((m, 256 * nb)).astype(np.float32)
         x[:, ::7] *= 10
-        y = _fmt("Q6_K").matmul_t(w3, x).astype(np.float64)
-        want, terms, w = _q6k_reference(w3, x)
-        assert (np.abs(y - want) <= 2e-6 * terms.max() + 1e-30).all()
+        y = _fmt(qtype).matmul_t(w3, x).astype(np.float64)
+        want, terms, w = _same_x_reference(qtype, w3, x)
+        assert (np.abs(y - want) <= 2e-6 * terms + 1e-30).all(), f"M={m}"
         _, d, _, _ = _q8x.quantize_rows(x)
         exact = x.astype(np.float64) @ w.T
         bound = (d.astype(np.float64) / 2) @ np.abs(w).reshape(n, -1, 32).sum(axis=2).T
         assert (np.abs(y - exact) <= bound * (1 + 1e-4) + 1e-5 * terms).all()
 
 
+def test_k_quants_take_the_panels_by_default(monkeypatch):
+    """Q4_K / Q5_K products (decode and prefill) run the panel kernels by default (the QTensor
+    keeps its panels); EMBER_QUANT_REPACK=0 and EMBER_QUANT_DOT=float give back the float
+    kernels on the GGUF blocks."""
+    monkeypatch.undo()  # the defaults (no INT_DOT_FORMATS override)
+    rng = np.random.default_rng(8)
+    for qtype in ("Q4_K", "Q5_K"):
+        w3 = _w3(rng, qtype, 37, 2)
+        fmt = _fmt(qtype)
+        assert fmt.panel_dot() and fmt.int_dot()
+        x = rng.standard_normal((9, 512)).astype(np.float32)
+        for m in (1, 9):
+            q = QTensor(w3.reshape(-1), qtype, (37, 512))
+            y = q.matmul_t(x[:m])
+            assert q._packed is not None and q._packed[0] is q._data
+            np.testing.assert_array_equal(y, _fmt(qtype).matmul_t(w3, x[:m]))
+        for name, value in (("QUANT_REPACK", False), ("QUANT_DOT", "float")):
+            with monkeypatch.context() as mp:
+                mp.setattr(config, name, value)
+                assert not fmt.panel_dot() and not fmt.int_dot()
+                q = QTensor(w3.reshape(-1), qtype, (37, 512))
+                y = q.matmul_t(x)
+                assert q._packed is None
+                want = fmt.matmul_t_reference(w3, x)  # float x: the float product's rounding
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_q6_k_batch_invariance(threads, monkeypatch):
+def test_k_quants_batch_invariance(qtype, threads, monkeypatch):
     monkeypatch.setattr(_pdot, "CHUNK_BYTES", 1)  # chunks of 16 rows, shared by the threads
     rng = np.random.default_rng(12)
     n, nb = 75, 2
-    w3 = _w3(rng, "Q6_K", n, nb)
-    q = QTensor(w3.reshape(-1), "Q6_K", (n, 512))
+    w3 = _w3(rng, qtype, n, nb)
+    q = QTensor(w3.reshape(-1), qtype, (n, 512))
     x = rng.standard_normal((21, 512)).astype(np.float32)
     with threads_set(1):
         alone = np.stack([q.matmul_t(x[i : i + 1])[0] for i in range(len(x))])
     with threads_set(threads):
         for m in (2, 5, 8, 9, 16, 21):
             np.testing.assert_array_equal(q.matmul_t(x[:m]), alone[:m], err_msg=f"M={m}")
-    assert _fmt("Q6_K").panel_dot() and quant_invariant_rows(q) >= 16
+    assert _fmt(qtype).panel_dot() and quant_invariant_rows(q) >= 16
 
 
 def quant_invariant_rows(q):

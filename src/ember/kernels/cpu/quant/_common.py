@@ -7,13 +7,14 @@ to :class:`QuantKernels`, which compiles them on first use and runs them:
 * ``dq(w, lut, unit, r0, r1, out)``: rows ``[r0, r1)`` of W into a float32 tile, which BLAS
   multiplies for a prefill (M > SMALL_M).
 
-Q8_0, Q4_0, Q4_1 and Q6_K products of any size quantize x to int8 and run the LLVM IR kernels
-of ``_pdot`` on a copy of the weight repacked once in panels of 16 rows (``_panels``, kept on
-the QTensor): decode, batches and prefill alike. With ``EMBER_QUANT_REPACK=0``, up to
-``INT_ROWS`` rows of x, Q4_0/Q4_1 (int8 x) and Q8_0 (int8 x, or float x: "Q8_0F" under
-``EMBER_QUANT_DOT=float``) run ``_idot``'s kernels on the GGUF blocks where they lie: one pass
-over the weight for all rows. The other formats' small batches (1 < M <= SMALL_M) run ``mv``
-once per row of x: each a bandwidth-bound pass over the packed weight. (A numba body that
+Q8_0, Q4_0, Q4_1, Q6_K, Q4_K and Q5_K products of any size quantize x to int8 and run the LLVM
+IR kernels of ``_pdot`` on a copy of the weight repacked once in panels of 16 rows
+(``_panels``, kept on the QTensor): decode, batches and prefill alike. With
+``EMBER_QUANT_REPACK=0``, up to ``INT_ROWS`` rows of x, Q4_0/Q4_1 (int8 x) and Q8_0 (int8 x, or
+float x: "Q8_0F" under ``EMBER_QUANT_DOT=float``) run ``_idot``'s kernels on the GGUF blocks
+where they lie: one pass over the weight for all rows. The other formats' small batches
+(1 < M <= SMALL_M; the K-quants' too, then) run ``mv`` once per row of x: each a
+bandwidth-bound pass over the packed weight. (A numba body that
 decodes each block once for all M rows was 2-8x slower: with a local decoded block and local
 sums LLVM kept the loops scalar.)
 
@@ -48,7 +49,7 @@ U8 = np.uint8
 # integer kernel reads the bundled model's 49152-row head 1.6x faster than its float-x one
 # (1279 vs 2080 us at 1 thread, 718 vs 1105 at 2; an ad-hoc run on Zen 5), which stays for
 # EMBER_QUANT_DOT=float.
-INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # (Q6_K: on panels only)
+INT_DOT_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K", "Q4_K", "Q5_K")  # (the K-quants: panels only)
 SMALL_M = 8  # up to this many rows of x, the matrix-vector kernel runs once per row
 # up to this many rows of x the _idot kernels beat decoding float32 tiles for BLAS (an ad-hoc
 # 2-thread sweep of the bundled SmolLM2's products on AVX-512 VNNI: up to 128-192 rows for

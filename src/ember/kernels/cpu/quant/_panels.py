@@ -1,4 +1,4 @@
-"""Q8_0 / Q4_0 / Q4_1 / Q6_K weights repacked in panels of 16 rows, for the integer products of ``_pdot``.
+"""Q8_0 / Q4_0 / Q4_1 / Q6_K / Q4_K / Q5_K weights repacked in panels of 16 rows, for ``_pdot``.
 
 In GGUF order a weight row's blocks follow each other, so an integer dot product (``_idot``)
 needs, for every block and every (weight row, x row) pair, its own fp16 scale conversion,
@@ -19,6 +19,13 @@ a panel the 16 rows' blocks are interleaved so that one vector lane belongs to o
   bytes as 48 such groups (ql's 32 words, then qh's 16), then per super-block its scales as
   16 x 16 bytes (scale s of the 16 rows together: one sign extension gives them as 16 lanes),
   then the fp16 d of the 16 rows.
+* Q4_K / Q5_K (super-blocks of 256: fp16 d and dmin, 12 bytes of eight packed 6-bit scales and
+  mins, Q5_K's 32 bytes qh of fifth bits, 128 bytes of nibbles) have their quant bytes as groups
+  too: the nibbles' 32 words (group 8g + j: word j of the 32 bytes holding sub-blocks 2g (low
+  nibbles) and 2g + 1 (high)), then Q5_K's 8 words of qh; then per sub-block (= x block of 32)
+  the 16 rows' 6-bit scales unpacked to bytes, then their mins (32 bytes per sub-block), then
+  per super-block the 16 rows' fp16 d, then their fp16 dmin (64 bytes). 2368 bytes per panel
+  and super-block for Q4_K (4.63 bits per weight against the GGUF block's 4.5), 2880 for Q5_K.
 
 A panel is about the weight's size (plus at most 15 zero rows and 63 bytes), made once per
 weight: :func:`panels_of` keeps it on the QTensor (``QTensor._packed``, keyed on its data, so a
@@ -40,13 +47,19 @@ ROWS = 16  # weight rows per panel (one 32-bit lane each in a 512-bit vector)
 # qtype -> (bytes per block, offset of the quants in a GGUF block, quant groups of 4 bytes per
 # row and block, fp16 values per row and block: d, or d and m)
 SPECS = {"Q8_0": (34, 2, 8, 1), "Q4_0": (18, 2, 4, 1), "Q4_1": (20, 4, 4, 2)}
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q6_K": 210}
-BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q6_K": 256}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q6_K": 210, "Q4_K": 144, "Q5_K": 176}
+BLOCK_ELEMENTS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q6_K": 256, "Q4_K": 256, "Q5_K": 256}
+# Q4_K / Q5_K: offset of the nibbles in a GGUF block, quant groups (of 64 panel bytes) per
+# super-block (nibbles, then Q5_K's qh), panel bytes per super-block (quants, 256 bytes of
+# scales and mins, 64 of d and dmin)
+KQUANT = {"Q4_K": (16, 32, 2368), "Q5_K": (48, 40, 2880)}
 _STATE: dict = {}
 
 
 def panel_bytes(qtype: str, nb: int) -> int:
     """Bytes of one panel of nb blocks per row (a multiple of 64)."""
+    if qtype in KQUANT:
+        return KQUANT[qtype][2] * nb
     return -(-(ROWS * BLOCK_BYTES[qtype] * nb) // 64) * 64
 
 
@@ -69,6 +82,8 @@ def pack_reference(w3: np.ndarray, qtype: str) -> np.ndarray:
     w = np.zeros((p * ROWS, nb, bs), np.uint8)
     w[:n] = w3
     w = w.reshape(p, ROWS, nb, bs)
+    if qtype in KQUANT:
+        return _pack_k_reference(w, qtype, pb)
     if qtype == "Q6_K":
         q = w[..., :192].reshape(p, ROWS, nb, 48, 4).transpose(0, 2, 3, 1, 4)
         parts = [q.reshape(p, -1), w[..., 192:208].transpose(0, 2, 3, 1).reshape(p, -1)]
@@ -93,6 +108,8 @@ def pack_reference(w3: np.ndarray, qtype: str) -> np.ndarray:
 def unpack_reference(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
     """The GGUF blocks (n, nb, bs) back from panels, in numpy."""
     p = panels.shape[0]
+    if qtype in KQUANT:
+        return _unpack_k_reference(panels, qtype, nb).reshape(p * ROWS, nb, -1)[:n]
     if qtype == "Q6_K":
         w = np.empty((p, ROWS, nb, 210), np.uint8)
         q = panels[:, : nb * 3072].reshape(p, nb, 48, ROWS, 4)
@@ -115,6 +132,62 @@ def unpack_reference(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndar
             panels[:, o : o + nb * ROWS * 2].reshape(p, nb, ROWS, 2).transpose(0, 2, 1, 3)
         )
     return w.reshape(p * ROWS, nb, bs)[:n]
+
+
+def scales_mins_reference(s12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and mins (..., 8) uint8 of Q4_K / Q5_K's 12 packed bytes (..., 12)."""
+    s = s12.astype(np.uint8)
+    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def packed_scales_reference(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """The 12 packed bytes (..., 12) of eight 6-bit scales and mins (..., 8): the inverse."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    lo = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    mid = (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6)
+    hi = (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)
+    return np.concatenate([lo, mid, hi], axis=-1).astype(np.uint8)
+
+
+def _k_groups(qtype: str) -> list[int]:
+    """Q4_K / Q5_K: the GGUF block offset of each quant group's 4 bytes, in panel order."""
+    qoff, groups, _ = KQUANT[qtype]
+    return [qoff + 4 * k for k in range(32)] + [16 + 4 * k for k in range(groups - 32)]
+
+
+def _pack_k_reference(w: np.ndarray, qtype: str, pb: int) -> np.ndarray:
+    """pack_reference for Q4_K / Q5_K: w (p, 16, nb, bs)."""
+    p, _, nb, _ = w.shape
+    offs = np.array(_k_groups(qtype))
+    idx = (offs[:, None] + np.arange(4)).reshape(-1)
+    q = w[..., idx].reshape(p, ROWS, nb, len(offs), 4).transpose(0, 2, 3, 1, 4)
+    sc, mn = scales_mins_reference(w[..., 4:16])  # (p, 16, nb, 8) each
+    sm = np.stack([sc, mn], axis=-1).transpose(0, 2, 3, 4, 1)  # (p, nb, 8, 2, 16)
+    dd = w[..., 0:4].reshape(p, ROWS, nb, 2, 2).transpose(0, 2, 3, 1, 4)  # (p, nb, 2, 16, 2)
+    parts = [q.reshape(p, -1), sm.reshape(p, -1), dd.reshape(p, -1)]
+    out = np.zeros((p, pb), np.uint8)
+    body = np.concatenate(parts, axis=1)
+    out[:, : body.shape[1]] = body
+    return out
+
+
+def _unpack_k_reference(panels: np.ndarray, qtype: str, nb: int) -> np.ndarray:
+    """unpack_reference for Q4_K / Q5_K: (p, 16, nb, bs) GGUF blocks."""
+    p = panels.shape[0]
+    offs = _k_groups(qtype)
+    qn = nb * len(offs) * 64
+    w = np.empty((p, ROWS, nb, BLOCK_BYTES[qtype]), np.uint8)
+    q = panels[:, :qn].reshape(p, nb, len(offs), ROWS, 4).transpose(0, 3, 1, 2, 4)
+    for k, o in enumerate(offs):
+        w[..., o : o + 4] = q[..., k, :]
+    sm = panels[:, qn : qn + nb * 256].reshape(p, nb, 8, 2, ROWS).transpose(0, 4, 1, 2, 3)
+    w[..., 4:16] = packed_scales_reference(sm[..., 0], sm[..., 1])
+    dd = panels[:, qn + nb * 256 : qn + nb * 320].reshape(p, nb, 2, ROWS, 2)
+    w[..., 0:4] = dd.transpose(0, 3, 1, 2, 4).reshape(p, ROWS, nb, 4)
+    return w
 
 
 # ------------------------------------------------------------------ numba loops
@@ -198,6 +271,67 @@ def _unpack_q6k_py(panels, w):  # pragma: no cover - compiled
             w[r, b, 209] = o[t + 1]
 
 
+def _pack_k_py(w, out, offs):  # pragma: no cover - compiled
+    """pack_reference's loop for Q4_K / Q5_K (offs: each quant group's offset in a block)."""
+    n, nb, bs = w.shape
+    p_count, pb = out.shape
+    ng = offs.shape[0]
+    qn = nb * ng * 64
+    sn = qn + nb * 256
+    for p in prange(p_count):
+        o = out[p]
+        o[sn + nb * 64 :] = 0
+        for i in range(16):
+            r = 16 * p + i
+            for b in range(nb):
+                for k in range(ng):
+                    t = (b * ng + k) * 64 + 4 * i
+                    for j in range(4):
+                        o[t + j] = w[r, b, offs[k] + j] if r < n else 0
+                for j in range(8):
+                    sc, mn = 0, 0
+                    if r < n:
+                        if j < 4:
+                            sc, mn = w[r, b, 4 + j] & 63, w[r, b, 8 + j] & 63
+                        else:
+                            sc = (w[r, b, 8 + j] & 15) | ((w[r, b, j] >> 6) << 4)
+                            mn = (w[r, b, 8 + j] >> 4) | ((w[r, b, 4 + j] >> 6) << 4)
+                    o[qn + b * 256 + 32 * j + i] = sc
+                    o[qn + b * 256 + 32 * j + 16 + i] = mn
+                for h in range(2):
+                    t = sn + b * 64 + 32 * h + 2 * i
+                    o[t] = w[r, b, 2 * h] if r < n else 0
+                    o[t + 1] = w[r, b, 2 * h + 1] if r < n else 0
+
+
+def _unpack_k_py(panels, w, offs):  # pragma: no cover - compiled
+    """unpack_reference's loop for Q4_K / Q5_K."""
+    n, nb, bs = w.shape
+    ng = offs.shape[0]
+    qn = nb * ng * 64
+    sn = qn + nb * 256
+    for r in prange(n):
+        p, i = r // 16, r % 16
+        o = panels[p]
+        for b in range(nb):
+            for k in range(ng):
+                t = (b * ng + k) * 64 + 4 * i
+                for j in range(4):
+                    w[r, b, offs[k] + j] = o[t + j]
+            for j in range(4):
+                s0 = o[qn + b * 256 + 32 * j + i]
+                m0 = o[qn + b * 256 + 32 * j + 16 + i]
+                s1 = o[qn + b * 256 + 32 * (j + 4) + i]
+                m1 = o[qn + b * 256 + 32 * (j + 4) + 16 + i]
+                w[r, b, 4 + j] = (s0 & 63) | ((s1 >> 4) << 6)
+                w[r, b, 8 + j] = (m0 & 63) | ((m1 >> 4) << 6)
+                w[r, b, 12 + j] = (s1 & 15) | ((m1 & 15) << 4)
+            for h in range(2):
+                t = sn + b * 64 + 32 * h + 2 * i
+                w[r, b, 2 * h] = o[t]
+                w[r, b, 2 * h + 1] = o[t + 1]
+
+
 prange = range  # numba's prange once compiled (see _compiled)
 
 
@@ -211,7 +345,7 @@ def _compiled():
         else:
             globals()["prange"] = nb.prange
             opts = dict(cache=True, nogil=True, parallel=True)
-            fns = (_pack_py, _unpack_py, _pack_q6k_py, _unpack_q6k_py)
+            fns = (_pack_py, _unpack_py, _pack_q6k_py, _unpack_q6k_py, _pack_k_py, _unpack_k_py)
             _STATE["pack"] = tuple(nb.njit(**opts)(f) for f in fns)
     return _STATE["pack"]
 
@@ -237,6 +371,8 @@ def pack(w3: np.ndarray, qtype: str, out: np.ndarray | None = None) -> np.ndarra
     fns = _compiled()
     if fns is None:
         out[...] = pack_reference(w3, qtype)
+    elif qtype in KQUANT:
+        fns[4](np.ascontiguousarray(w3), out, np.array(_k_groups(qtype), np.int64))
     elif qtype == "Q6_K":
         fns[2](np.ascontiguousarray(w3), out)
     else:
@@ -255,6 +391,9 @@ def unpack(panels: np.ndarray, qtype: str, n: int, nb: int) -> np.ndarray:
     if fns is None:
         return unpack_reference(panels, qtype, n, nb)
     w = np.empty((n, nb, BLOCK_BYTES[qtype]), np.uint8)
+    if qtype in KQUANT:
+        fns[5](panels, w, np.array(_k_groups(qtype), np.int64))
+        return w
     if qtype == "Q6_K":
         fns[3](panels, w)
         return w

@@ -1,4 +1,4 @@
-"""Integer products of Q8_0 / Q4_0 / Q4_1 / Q6_K weight panels (``_panels``) and int8 x.
+"""Integer products of Q8_0 / Q4_0 / Q4_1 / Q6_K / Q4_K / Q5_K weight panels and int8 x.
 
 x is quantized by ``_q8x`` (Q8 blocks of 32: int8 ``q``, scale ``d``, and per block ``sum(q)``
 as an integer and ``d * sum(q)`` as a float). For weight row n, x row r, block b the kernels
@@ -8,6 +8,8 @@ form the block's exact integer dot product, then one float step:
 * Q4_0:  ``i = sum(n_w q_x) - 8 sum(q_x)``            (= ``sum((n_w - 8) q_x)``)
 * Q4_1:  ``i = sum(n_w q_x)``, and the min term ``m_w * (d_x sum(q_x))`` in its own sum
 * Q6_K:  each half block's ``sum(q_w q_x) - 32 sum(q_x)`` times its int8 scale (``_pdot_q6k``)
+* Q4_K / Q5_K: ``i = sum(q_w q_x)`` per sub-block (= x block) with scale ``d_w sc`` and the min
+  term ``-(dmin_w m) * (d_x sum(q_x))`` in its own sum (``_pdot_q4k``)
 * ``acc[n, r] = fma(d_w * d_x, float(i), acc[n, r])`` block after block; y = acc (+ the min sum)
 
 One 32-bit lane is one weight row: a 512-bit ``vpdpbusd`` multiplies 4 bytes of each of a
@@ -43,7 +45,7 @@ from ember import config
 from ember.errors import DTypeError, ShapeError
 from ember.kernels.cpu.quant import _idot, _panels
 
-FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")  # format id = index
+FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K", "Q4_K", "Q5_K")  # format id = index
 G_MAX = {"zmm": 8, "ymm": 4, "avx2": 4}  # x rows per kernel call, by path
 CHUNK_BYTES = 1 << 16  # weight bytes per chunk of pool work (for one group of x rows)
 # bytes ahead of the current block that each block step prefetches, every line of it: one
@@ -64,21 +66,31 @@ def kernel_ir(qtype: str, g: int, path: str) -> str:
 
     Arguments as kernels.cpu.pool calls them: (w, panel bytes, blocks of x, r0, r1, xq, ldx,
     xd, xs, ldd, y, ldy); xs holds the offset's correction -128 sum(q) (Q8_0) or -8 sum(q)
-    (Q4_0) as int32, d * sum(q) as float32 (Q4_1), or -32 sum(q) of each half block (Q6_K).
+    (Q4_0) as int32, d * sum(q) as float32 (Q4_1, Q4_K, Q5_K), or -32 sum(q) of each half
+    block (Q6_K).
     """
     W = 16 if path == "zmm" else 8  # lanes (rows) per vector
     if qtype == "Q6_K":
         from ember.kernels.cpu.quant import _pdot_q6k
 
         return frame_ir(qtype, g, path, 384, 2, False, _pdot_q6k.block_ir(g, path, W))
+    if qtype in _panels.KQUANT:
+        from ember.kernels.cpu.quant import _pdot_q4k
+
+        qn = _panels.KQUANT[qtype][1] * 8  # quant bytes of a panel per x block
+        body = _pdot_q4k.block_ir(qtype, g, path, W)
+        return frame_ir(qtype, g, path, qn, 1, True, body, step=2)
     groups = _panels.SPECS[qtype][2]
     body = _block_ir(qtype, g, path, W)
     return frame_ir(qtype, g, path, 64 * groups, 1, qtype == "Q4_1", body)
 
 
-def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body) -> str:
+def frame_ir(
+    qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body, step: int = 1
+) -> str:
     """The loops every format shares: over the panels of rows [r0, r1), over the blocks of x
-    (``%b``: quants at ``%qa`` = panel + b * qn, scales at ``%sb`` + 32 b, ``%mb`` after them),
+    (``%b``: quants at ``%qa`` = panel + b * qn, scales at ``%sb`` + 32 b, ``%mb`` after them;
+    ``step`` blocks per iteration, nb a multiple of it),
     the accumulators ``%a{r}_{h}`` (and ``%m{r}_{h}``: Q4_1's min term) that ``body`` (the IR of
     one block) advances to ``%an{r}_{h}`` / ``%mn{r}_{h}``, and the stores (masked in the last
     panel). x row r's sums at ``%xs{r}`` are ``xs_rows`` rows of ldd int32 apart.
@@ -136,7 +148,7 @@ def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body
         "  %qa = getelementptr i8, ptr %pb, i64 %qo",
         "  %so = shl i64 %b, 5",
     ]
-    for k in range(qn // 64):  # every cache line of the block's quants, PREFETCH bytes ahead
+    for k in range(step * qn // 64):  # every line of the blocks' quants, PREFETCH bytes ahead
         s += [
             f"  %pf{k} = getelementptr i8, ptr %qa, i64 {PREFETCH + 64 * k}",
             f"  call void @llvm.prefetch.p0(ptr %pf{k}, i32 0, i32 3, i32 1)",
@@ -148,7 +160,7 @@ def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body
     ]
     s += body
     s += [
-        "  %b1 = add i64 %b, 1",
+        f"  %b1 = add i64 %b, {step}",
         "  %more = icmp ult i64 %b1, %nb",
         "  br i1 %more, label %blk, label %store",
         "store:",
@@ -210,28 +222,29 @@ def frame_ir(qtype, g: int, path: str, qn: int, xs_rows: int, minsum: bool, body
     return "\n".join(s)
 
 
-def x_ir(r: int, W: int, path: str) -> list[str]:
-    """x row r's block %b: its scale broadcast (``%dxv{r}``) and its 8 words of int8 each
-    broadcast to every lane (``%ev{r}_{j}``; ``%eb{r}_{j}`` as bytes on AVX2)."""
+def x_ir(r: int, W: int, path: str, b: str = "%b", tag=None) -> list[str]:
+    """x row r's block ``b``: its scale broadcast (``%dxv{tag}``) and its 8 words of int8 each
+    broadcast to every lane (``%ev{tag}_{j}``; ``%eb{tag}_{j}`` as bytes on AVX2); tag: r."""
     vf, vi = f"<{W} x float>", f"<{W} x i32>"
+    t = r if tag is None else tag
     s = [
-        f"  %xo{r} = shl i64 %b, 5",
-        f"  %xb{r} = getelementptr i8, ptr %xq{r}, i64 %xo{r}",
-        f"  %dxa{r} = getelementptr float, ptr %xd{r}, i64 %b",
-        f"  %dx{r} = load float, ptr %dxa{r}, align 4",
-        f"  %dxi{r} = insertelement {vf} poison, float %dx{r}, i32 0",
-        f"  %dxv{r} = shufflevector {vf} %dxi{r}, {vf} poison, <{W} x i32> zeroinitializer",
+        f"  %xo{t} = shl i64 {b}, 5",
+        f"  %xb{t} = getelementptr i8, ptr %xq{r}, i64 %xo{t}",
+        f"  %dxa{t} = getelementptr float, ptr %xd{r}, i64 {b}",
+        f"  %dx{t} = load float, ptr %dxa{t}, align 4",
+        f"  %dxi{t} = insertelement {vf} poison, float %dx{t}, i32 0",
+        f"  %dxv{t} = shufflevector {vf} %dxi{t}, {vf} poison, <{W} x i32> zeroinitializer",
     ]
     for j in range(8):
         s += [
-            f"  %ea{r}_{j} = getelementptr i8, ptr %xb{r}, i64 {4 * j}",
-            f"  %e{r}_{j} = load i32, ptr %ea{r}_{j}, align 4",
-            f"  %ei{r}_{j} = insertelement {vi} poison, i32 %e{r}_{j}, i32 0",
-            f"  %ev{r}_{j} = shufflevector {vi} %ei{r}_{j}, {vi} poison,"
+            f"  %ea{t}_{j} = getelementptr i8, ptr %xb{t}, i64 {4 * j}",
+            f"  %e{t}_{j} = load i32, ptr %ea{t}_{j}, align 4",
+            f"  %ei{t}_{j} = insertelement {vi} poison, i32 %e{t}_{j}, i32 0",
+            f"  %ev{t}_{j} = shufflevector {vi} %ei{t}_{j}, {vi} poison,"
             f" <{W} x i32> zeroinitializer",
         ]
         if path == "avx2":
-            s += [f"  %eb{r}_{j} = bitcast {vi} %ev{r}_{j} to <{4 * W} x i8>"]
+            s += [f"  %eb{t}_{j} = bitcast {vi} %ev{t}_{j} to <{4 * W} x i8>"]
     return s
 
 
@@ -312,8 +325,9 @@ def _dot_ir(path: str, u: str, terms: list, init: str, kind: str, g: int, W: int
     """%i{u}: init + the sum of the terms (weight operand, x row, x word) as int32 lanes.
 
     On AVX2 (``vpmaddubsw``: int16 pairs, then ``vpmaddwd``) by the weight's range, ``kind``:
-    "s8" (nibbles: 8 products of |pair| <= 2 * 15 * 127 summed in int16), "u6" (Q6_K's 6-bit
-    values: |pair| <= 2 * 63 * 127, two at a time), "sign" (Q8_0: weight operands are
+    "s8" (nibbles: 8 products of |pair| <= 2 * 15 * 127 summed in int16), "u5" (Q5_K's 5-bit
+    values: |pair| <= 2 * 31 * 127, four at a time), "u6" (Q6_K's 6-bit values:
+    |pair| <= 2 * 63 * 127, two at a time), "sign" (Q8_0: weight operands are
     (|q_w|, q_w) for the sign trick, |pair| <= 2 * 128 * 127, each widened alone).
     """
     B = 4 * W
@@ -346,7 +360,7 @@ def _dot_ir(path: str, u: str, terms: list, init: str, kind: str, g: int, W: int
             xop = f"%sg{u}_{t}"
         s += [f"  %pm{u}_{t} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw({vb} {wop}, {vb} {xop})"]
         prods.append(f"%pm{u}_{t}")
-    per = {"s8": len(prods), "u6": 2, "sign": 1}[kind]  # products one int16 sum can take
+    per = {"s8": len(prods), "u5": 4, "u6": 2, "sign": 1}[kind]  # products one int16 sum can take
     acc = init
     for c in range(0, len(prods), per):
         part = prods[c]
@@ -389,7 +403,7 @@ def declarations(path: str, have: list[str]) -> list[str]:
 
 
 def module_ir(path: str, have: list[str] = ()) -> list[str]:
-    """Every kernel of a path (three formats x 1..G_MAX rows) with the declarations needed."""
+    """Every kernel of a path (every format x 1..G_MAX rows) with the declarations needed."""
     fns = [kernel_ir(q, g, path) for q in FORMATS for g in range(1, G_MAX[path] + 1)]
     return declarations(path, list(have)) + fns
 
@@ -426,7 +440,7 @@ def _driver_py(
         for i in range(m):
             for b in range(nb):
                 xi[i, b] *= off
-    elif f == 2:
+    elif f == 2 or f >= 4:  # Q4_1, Q4_K, Q5_K: d * sum(q) for the min term
         sa = xs.ctypes.data
     else:  # Q6_K: -32 sum(q) of each half block (a scale covers 16 values)
         sa = xh.ctypes.data
