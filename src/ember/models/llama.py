@@ -434,9 +434,15 @@ class DecoderForCausalLM(nn.Module, GenerationMixin):
         return getattr(getattr(self, n.model), n.embed)
 
     def forward(
-        self, input_ids, attention_mask=None, position_ids=None, cache=None, logits_to_keep: int = 0
+        self,
+        input_ids,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        logits_to_keep: int | np.ndarray = 0,
     ):
-        """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions."""
+        """Logits (batch, seq, vocab); with logits_to_keep=n only for the last n positions, with
+        an array (batch,) only for position logits_to_keep[b] of each row (batch, 1, vocab)."""
         spec = self.spec
         ids = token_ids(input_ids)
         t = ids.shape[1]
