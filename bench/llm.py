@@ -5,8 +5,8 @@
 
 The model is the bundled SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0), or ``--gguf FILE``, or with
 ``--tinyllama`` every file of bench/tinyllama.py (TinyLlama-1.1B's configuration, random
-weights: bf16, and Q8_0/Q4_0/Q4_K by ember's converter and by llama.cpp's quantizer; written
-into DIR the first time), one table per file. ember runs the quantized weights directly;
+weights: bf16, Q8_0/Q4_0/Q4_K by ember's converter and by llama.cpp's quantizer, Q5_K_M by
+llama.cpp's; written into DIR the first time), one table per file. ember runs the quantized weights directly;
 transformers dequantizes them to float32 (``torch``; it has no quantized CPU kernels) or
 bfloat16 (``torch_bf16``); llama.cpp
 (llama-cpp-python, the `bench` extra) runs them quantized. Greedy decoding, same prompt ids,
@@ -233,7 +233,7 @@ def main() -> None:
 
         from tinyllama import make_files
 
-        for f in make_files(Path(a.tinyllama), ["Q8_0", "Q4_0", "Q4_K"]):
+        for f in make_files(Path(a.tinyllama), ["Q8_0", "Q4_0", "Q4_K", "Q5_K"]):
             bench_file(f, a)
         return
     from ember.models.hub import default_model_path

@@ -1,12 +1,13 @@
 """TinyLlama-1.1B's configuration with random weights, as GGUF files for bench/llm.py --tinyllama.
 
-    python bench/tinyllama.py [--dir /tmp/ember-tinyllama] [--types Q8_0,Q4_0,Q4_K]
+    python bench/tinyllama.py [--dir /tmp/ember-tinyllama] [--types Q8_0,Q4_0,Q4_K,Q5_K]
 
 Writes ``tinyllama-bf16.gguf`` (ember's writer: hidden 2048, 22 layers, 32 heads, 4 KV heads,
 MLP 5632, vocab 32000, weights N(0, 0.02) rounded to bf16, norms 1), then each type twice:
 ``tinyllama-<type>-ember.gguf`` by ember's converter (``ember convert in.gguf out.gguf
 --quantize``) and ``tinyllama-<type>-llamacpp.gguf`` by llama.cpp's own quantizer (Q4_K is
-llama.cpp's Q4_K_M mix). Existing files are kept. The vocabulary is a placeholder
+llama.cpp's Q4_K_M mix, Q5_K its Q5_K_M; Q5_K only by llama.cpp: ember does not quantize to
+it). Existing files are kept. The vocabulary is a placeholder
 SentencePiece one (<unk>, <s>, </s>, the 256 byte tokens, then "▁w<i>" pieces): enough for
 both engines to load the file and turn a prompt into ids; the text it generates means nothing.
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 CONFIG = dict(hidden=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000, ctx=2048)
-LLAMA_FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_K": 15}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*, Q4_K_M
+# llama.cpp's LLAMA_FTYPE_MOSTLY_*: Q4_K is its Q4_K_M mix, Q5_K its Q5_K_M
+LLAMA_FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_K": 15, "Q5_K": 17}
 
 
 def _vocab(n: int) -> dict:
@@ -111,8 +113,10 @@ def quantize_llamacpp(src: Path, dst: Path, qtype: str) -> None:
 
 
 def make_files(folder: Path, types: list[str]) -> list[Path]:
-    """The bf16 file and each type by both quantizers (kept when already there)."""
+    """The bf16 file and each type by both quantizers (kept when already there; llama.cpp's
+    alone for a type ember does not quantize to, such as Q5_K)."""
     from ember.convert.to_gguf import requantize_gguf
+    from ember.quant import QUANTIZE_TYPES
 
     folder.mkdir(parents=True, exist_ok=True)
     bf16 = folder / "tinyllama-bf16.gguf"
@@ -120,9 +124,11 @@ def make_files(folder: Path, types: list[str]) -> list[Path]:
     jobs = [(bf16, lambda p: write_bf16(p))]
     for q in types:
         e, ll = folder / f"tinyllama-{q}-ember.gguf", folder / f"tinyllama-{q}-llamacpp.gguf"
-        jobs += [(e, lambda p, q=q: requantize_gguf(bf16, p, quantize=q))]
+        if q in QUANTIZE_TYPES:
+            jobs += [(e, lambda p, q=q: requantize_gguf(bf16, p, quantize=q))]
+            out += [e]
         jobs += [(ll, lambda p, q=q: quantize_llamacpp(bf16, p, q))]
-        out += [e, ll]
+        out += [ll]
     for path, make in jobs:
         if not path.is_file():
             t = time.perf_counter()
@@ -134,7 +140,7 @@ def make_files(folder: Path, types: list[str]) -> list[Path]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/ember-tinyllama")
-    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K,Q5_K")
     a = ap.parse_args()
     for p in make_files(Path(a.dir), a.types.split(",")):
         print(p)
