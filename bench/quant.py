@@ -10,12 +10,12 @@ of the machine's read bandwidth measured in the same run the way the issue state
 ``a.sum()`` over 1 GiB, on 1 thread, and on 2 threads each summing half). Kernels: the default
 (Q8_0/Q4_0/Q4_1/Q6_K/Q4_K on weights repacked in panels, ``kernels.cpu.quant._pdot``) and,
 for the same types, ``EMBER_QUANT_REPACK=0`` (the GGUF blocks as they lie: ``_idot``'s loops,
-numba's matrix-vector kernels). (Q5_K has panels too, but no quantizer to make its weights.)
+numba's matrix-vector kernels). Q5_K, which ember does not quantize to, gets random blocks.
 
 Prefill: the same layer's products for a 128-row x (a prompt), weight cached, against float32
 BLAS ``x @ W.T`` on the dequantized weights, at 1 and 2 threads.
 
-    python bench/quant.py [--types Q8_0,Q4_0,Q4_1,Q6_K,Q4_K] [--sweeps 3] [--no-append]
+    python bench/quant.py [--types Q8_0,Q4_0,Q4_1,Q6_K,Q4_K,Q5_K] [--sweeps 3] [--no-append]
 
 Wall-clock timings: run it on a quiet machine (the load average is recorded).
 """
@@ -56,12 +56,24 @@ def read_bandwidth(threads: int, passes: int = 5) -> float:
     return a.nbytes / best / 1e9
 
 
+def _random_q5_k(rng, n: int, k: int):
+    """A Q5_K QTensor of random blocks (ember does not quantize to Q5_K): random quants and
+    6-bit scales, d and dmin 2**-10 (fp16 0x1400) so that every value is finite."""
+    from ember.quant import QTensor
+
+    blocks = rng.integers(0, 256, (n, k // 256, 176), dtype=np.uint8)
+    blocks[:, :, 0:4] = np.frombuffer(np.array([0x1400, 0x1400], "<u2").tobytes(), np.uint8)
+    return QTensor(blocks.reshape(-1), "Q5_K", (n, k))
+
+
 def layer_weights(rng, qtype: str, copies: int):
     """``copies`` independent sets of the layer's four QTensors (fresh memory each)."""
-    from ember.quant import QTensor
+    from ember.quant import QUANTIZE_TYPES, QTensor
 
     base = [
         QTensor.from_float(rng.standard_normal((n, k)).astype(np.float32), qtype)
+        if qtype in QUANTIZE_TYPES
+        else _random_q5_k(rng, n, k)
         for _, n, k in LAYER
     ]
     return [[QTensor(q.data.copy(), qtype, q.shape) for q in base] for _ in range(copies)]
@@ -117,7 +129,7 @@ def prefill_ms(qset, m: int, repeat: int, rng) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q6_K,Q4_K")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q6_K,Q4_K,Q5_K")
     ap.add_argument("--sweeps", type=int, default=3)
     ap.add_argument("--no-append", action="store_true", help="print only")
     args = ap.parse_args()
