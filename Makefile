@@ -41,7 +41,7 @@ chromium:
 # under PYTHONDONTWRITEBYTECODE=1 would compile every module on every `import ember`.
 demo: $(VENV)/.demo-installed
 	$(BIN)/python -m compileall -q src/ember >/dev/null
-	$(BIN)/ember chat --once "Name the capital of France."
+	$(BIN)/ember chat --once "Name the capital of France." --temperature 0
 
 test: $(VENV)/.test-installed chromium
 	$(BIN)/python -m compileall -q src/ember >/dev/null
