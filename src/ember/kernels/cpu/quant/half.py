@@ -30,8 +30,15 @@ QTYPES = ("BF16", "F16")
 G_MAX = 4  # rows of x per kernel call (an accumulator each)
 MAX_ROWS = 64  # up to this many rows of x a product runs these kernels, then tiles for BLAS
 TILE_BYTES = 1 << 19  # float32 bytes of one tile of widened weight rows (stays in L2)
-CHUNK_BYTES = 1 << 15  # weight bytes (times groups of x rows) per chunk of pool work
-PREFETCH = 2048  # bytes ahead of the read position
+# weight bytes (times groups of x rows) per chunk of pool work; 1 << 15 before: TinyLlama bf16
+# decode at 2 threads 20-21 tok/s with the prefetch below, 26-27 with 1 << 17 and the old
+# prefetch, 23-34 with both (1 << 16 and 1 << 18 within the noise; docs/quantization.md)
+CHUNK_BYTES = 1 << 17
+# bytes ahead of the read position that each 64-byte step prefetches, non-temporal
+# (prefetchnta); 2048 with prefetcht0 before: a 1B model's shapes from DRAM at one thread at
+# 36.3-36.8 GB/s, now 41.5-42.3 (2048x5632, whose 22 KiB x the weight lines presumably evicted
+# from L1 before, 28.6-28.9 -> 36.6-38.2); 4096 and 8192 within 2 GB/s, 2048 and 12288 slower
+PREFETCH = 6144
 _F32 = np.dtype(np.float32)
 _STATE: dict = {}
 _LOCK = threading.Lock()
@@ -68,7 +75,7 @@ def _kernel_ir(qtype: str, g: int) -> str:
         "  %bo = shl i64 %b, 6",
         "  %wb = getelementptr i8, ptr %wr, i64 %bo",
         f"  %pf = getelementptr i8, ptr %wb, i64 {PREFETCH}",
-        "  call void @llvm.prefetch.p0(ptr %pf, i32 0, i32 3, i32 1)",
+        "  call void @llvm.prefetch.p0(ptr %pf, i32 0, i32 0, i32 1)",
     ]
     if qtype == "BF16":
         s += [
