@@ -281,7 +281,7 @@ prange = range  # numba.prange
 _k1 = _k2 = _k3 = _k4 = _k5 = _k6 = _k7 = _k8 = _k9 = _k10 = _k11 = _k12 = (
     None  # the microkernels (ExternalFunction)
 )
-_micro = None  # _micro_py compiled
+_micro = _block = None  # _micro_py, _block_py compiled
 
 
 def _micro_py(m, args):  # pragma: no cover - compiled
@@ -354,33 +354,65 @@ def _driver_py(
         m1 = min(m_total, (tiles * (tm + 1) // tasks_m) * mr)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
         for q0 in range(m0, m1, chunk):
-            q1 = min(q0 + chunk, m1)
-            ntiles = (q1 - q0 + mr - 1) // mr
-            for j in range(j0, j1):
-                n0 = j * nr
-                nc = min(nr, o - n0)
-                for kb in range(nkb):
-                    if ncs == 1:
-                        t0, c0, c1 = kb * g, 0, kc
-                        t1 = min(nt, t0 + g)
-                    else:
-                        t0, s = kb // ncs, kb % ncs
-                        t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
-                    last = kb == nkb - 1
-                    flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
-                    lo = lo_act if last else np.float32(-np.inf)
-                    hi = hi_act if last else np.float32(np.inf)
-                    bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
-                    # while this block's tiles run, the next block (what follows it in memory)
-                    # streams into L2, a slice per tile: from DRAM it would stall the first tile
-                    pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
-                    per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
-                    for p in range(q0, q1, mr):
-                        off = (p * o + n0) * 4
-                        args = (aa + c0 * 4, ra + p * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
-                        args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
-                        _micro(min(mr, q1 - p), args + args2 + (pf, per_tile))
-                        pf += per_tile * 64
+            _block(q0, min(q0 + chunk, m1), j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr,
+                   nt, kc, g, ncs, nkb, mr, last_flags, lo_act, hi_act)  # fmt: skip
+
+
+def _block_py(
+    q0,
+    q1,
+    j0,
+    j1,
+    aa,
+    ra,
+    ta,
+    ba,
+    oa,
+    bsa,
+    rsa,
+    o,
+    kk,
+    nr,
+    nt,
+    kc,
+    g,
+    ncs,
+    nkb,
+    mr,
+    last_flags,
+    lo_act,
+    hi_act,
+):  # pragma: no cover - compiled
+    """Rows [q0, q1) of the output by panels [j0, j1): every block of K (g taps, or one of
+    ncs slices of a tap's kc channels), tiles of up to mr rows; the last block applies bias,
+    residual and activation (last_flags, lo_act..hi_act). Addresses: aa (A), ra/ta (row and
+    tap offsets), ba (panels), oa (out), bsa (bias), rsa (residual)."""
+    ntiles = (q1 - q0 + mr - 1) // mr
+    for j in range(j0, j1):
+        n0 = j * nr
+        nc = min(nr, o - n0)
+        for kb in range(nkb):
+            if ncs == 1:
+                t0, c0, c1 = kb * g, 0, kc
+                t1 = min(nt, t0 + g)
+            else:
+                t0, s = kb // ncs, kb % ncs
+                t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
+            last = kb == nkb - 1
+            flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
+            lo = lo_act if last else np.float32(-np.inf)
+            hi = hi_act if last else np.float32(np.inf)
+            bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
+            # while this block's tiles run, the next block (what follows it in memory)
+            # streams into L2, a slice per tile: from DRAM it would stall the first tile
+            pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
+            per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
+            for p in range(q0, q1, mr):
+                off = (p * o + n0) * 4
+                args = (aa + c0 * 4, ra + p * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
+                args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
+                _micro(min(mr, q1 - p), args + args2 + (pf, per_tile))
+                pf += per_tile * 64
 
 
 def _build_driver(nb):
@@ -393,6 +425,7 @@ def _build_driver(nb):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
     g["prange"] = nb.prange
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
+    g["_block"] = nb.njit(nogil=True, cache=True)(_block_py)
     serial = nb.njit(nogil=True, cache=True)(renamed(_driver_py, "serial"))
     return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py), serial
 
@@ -458,6 +491,12 @@ def microkernel():
     """
     st = _state()
     return None if st["isa"] is None else (_micro, st["mr"], st["nr"])
+
+
+def block_kernel():
+    """``_block_py`` compiled (rows by panels over every block of K: the drivers' inner loop,
+    for the pool's GEMM tasks too), or None where the microkernels do not run."""
+    return None if _state()["isa"] is None else _block
 
 
 # products of fewer multiply-adds than this run on the calling thread, as one task: a parallel

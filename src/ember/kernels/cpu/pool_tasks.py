@@ -34,7 +34,7 @@ TASK_MACS = 1 << 23  # (depthwise tasks: 1/32 of it, ~8 x slower per multiply-ad
 
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _micro = _run = _acquire = _dw_rows = _post_rows = None  # bound by _build
+_ld = _vptr = _block = _run = _acquire = _dw_rows = _post_rows = None  # bound by _build
 _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 
@@ -74,30 +74,8 @@ def _gemm_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
         q0 = tm * rows
         q1 = min(m_total, q0 + rows)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
-        ntiles = (q1 - q0 + mr - 1) // mr
-        for j in range(j0, j1):
-            n0 = j * nr
-            nc = min(nr, o - n0)
-            for kb in range(nkb):
-                if ncs == 1:
-                    t0, c0, c1 = kb * g, 0, kc
-                    t1 = min(nt, t0 + g)
-                else:
-                    t0, s = kb // ncs, kb % ncs
-                    t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
-                last = kb == nkb - 1
-                flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
-                lo = lo_act if last else np.float32(-np.inf)
-                hi = hi_act if last else np.float32(np.inf)
-                bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
-                pf = bk + (t1 - t0) * (c1 - c0) * nr * 4
-                per_tile = ((t1 - t0) * (c1 - c0) * nr * 4 // 64 + ntiles - 1) // ntiles
-                for q in range(q0, q1, mr):
-                    off = (q * o + n0) * 4
-                    args = (aa + c0 * 4, ra + q * 8, ta + t0 * 8, t1 - t0, c1 - c0, bk)
-                    args2 = (oa + off, o, nc, bsa + n0 * 4, rsa + off, flags, lo, hi)
-                    _micro(min(mr, q1 - q), args + args2 + (pf, per_tile))
-                    pf += per_tile * 64
+        _block(q0, q1, j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, g, ncs, nkb, mr,
+               last_flags, lo_act, hi_act)  # fmt: skip
 
 
 def _dw_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -162,7 +140,7 @@ def _build(nb) -> dict:
         return {"ok": False}
     g = globals()
     i64 = types.int64
-    g.update(_ld=ld, _vptr=vptr, _micro=G.microkernel()[0], carray=nb.carray)
+    g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), carray=nb.carray)
     g.update(_dw_rows=conv._dw_rows, _post_rows=conv._post_rows)
     g["_run"] = types.ExternalFunction("ember_pool_run", i64(i64, i64, i64))
     g["_acquire"] = types.ExternalFunction("ember_pool_acquire", i64(i64))
