@@ -377,6 +377,19 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_stop_workers)
 
 
+def bind(g: dict, *words: str) -> None:
+    """Give a numba driver's module globals what it calls and fills: ``_run``
+    (``ember_pool_run(block, nchunks, shared)``), ``_acquire`` (``ember_pool_acquire(block)``)
+    and ``_WORD`` for each named job word (``CHUNK``, ``ROWS``, ...)."""
+    from numba import types
+
+    i64 = types.int64
+    g["_run"] = types.ExternalFunction("ember_pool_run", i64(i64, i64, i64))
+    g["_acquire"] = types.ExternalFunction("ember_pool_acquire", i64(i64))
+    for name in words:
+        g[f"_{name}"] = globals()[name]
+
+
 def ctrl() -> np.ndarray:
     """The pool's job block, which numba drivers take with ember_pool_acquire before filling
     it (workers started for the current thread count)."""

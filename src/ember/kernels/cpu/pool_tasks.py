@@ -142,10 +142,7 @@ def _build(nb) -> dict:
     i64 = types.int64
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), carray=nb.carray)
     g.update(_dw_rows=conv._dw_rows, _post_rows=conv._post_rows)
-    g["_run"] = types.ExternalFunction("ember_pool_run", i64(i64, i64, i64))
-    g["_acquire"] = types.ExternalFunction("ember_pool_acquire", i64(i64))
-    for name in ("CHUNK", "ROWS", "GROUPS", "WI", "GROUP0"):
-        g[f"_{name}"] = getattr(pool, name)
+    pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
     sig = types.void(*([i64] * 12))
     tasks = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
              (("gemm", _gemm_task_py), ("dw", _dw_task_py), ("post", _post_task_py))}  # fmt: skip

@@ -580,18 +580,11 @@ def _driver_py(f, w, x, y, xq, xd, xs, xi, chunk, ctrl, own, fns):  # pragma: no
 
 
 def _build(nb, vnni: bool):
-    from numba import types
-
     from ember.kernels.cpu import pool, vecmath
     from ember.kernels.cpu.quant import _q8x
 
     g = globals()
-    i64 = types.int64
-    g["_run"] = types.ExternalFunction("ember_pool_run", i64(i64, i64, i64))
-    g["_acquire"] = types.ExternalFunction("ember_pool_acquire", i64(i64))
-    for name in ("CHUNK", "ROWS", "GROUPS", "WI", "ROWB", "NB", "LDX", "LDD", "LDY", "GROUP0",
-                 "GROUP_WORDS"):  # fmt: skip
-        g[f"_{name}"] = getattr(pool, name)
+    pool.bind(g, *"CHUNK ROWS GROUPS WI ROWB NB LDX LDD LDY GROUP0 GROUP_WORDS".split())
     opts = dict(cache=True, nogil=True, error_model="numpy")
     g["_q8"] = q8_symbol()
     return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool, _q8x))
