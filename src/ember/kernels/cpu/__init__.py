@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from ember import config
 
 _numba = False
@@ -92,3 +94,16 @@ class jit:
                 raise RuntimeError("numba kernel called without numba (check have_numba() first)")
             k = self._compiled = nb.njit(**self.options)(self.py)
         return k(*args)
+
+
+def with_bias(run, out, bias):
+    """A bound product ``run`` (a captured step's kernel call into out), then ``out += bias``;
+    ``run`` itself when bias is None."""
+    if bias is None:
+        return run
+
+    def run_bias() -> None:
+        run()
+        np.add(out, bias, out=out)
+
+    return run_bias

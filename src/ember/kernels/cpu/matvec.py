@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember.kernels.cpu import with_bias
 from ember.kernels.cpu.gemm import PackedWeight, linear_reference
 from ember.kernels.registry import register
 
@@ -65,15 +66,7 @@ def _prepare(out, x, w, b=None):
     )  # fmt: skip
     if not ok:
         return None
-    run = _idot.bind("F32", _blocks(w), x.reshape(-1, k), out.reshape(-1, n))
-    if b is None:
-        return run
-
-    def run_bias() -> None:
-        run()
-        np.add(out, b, out=out)
-
-    return run_bias
+    return with_bias(_idot.bind("F32", _blocks(w), x.reshape(-1, k), out.reshape(-1, n)), out, b)
 
 
 @register(

@@ -39,7 +39,7 @@ import numpy as np
 
 from ember import config
 from ember.errors import DTypeError, ShapeError
-from ember.kernels.cpu import have_numba, jit, numba_or_none
+from ember.kernels.cpu import have_numba, jit, numba_or_none, with_bias
 from ember.kernels.cpu.quant import _idot, _panels, _pdot
 from ember.quant.formats import block_format, dequantize
 
@@ -469,15 +469,7 @@ class QuantKernels:
             run = _pdot.bind(self.qtype, _panels.panels_of(qweight), n, x2, y2)
         else:
             run = _idot.bind(self.small_kernel(), qweight.blocks3d(), x2, y2)
-        if not b:
-            return run
-        bias = b[0]
-
-        def run_bias() -> None:
-            run()
-            np.add(out, bias, out=out)
-
-        return run_bias
+        return with_bias(run, out, b[0] if b else None)
 
     def register(self):
         """Register ``linear`` for the ``linear_q`` op, for QTensors of this format."""

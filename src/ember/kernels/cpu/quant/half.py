@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import have_numba
+from ember.kernels.cpu import have_numba, with_bias
 
 QTYPES = ("BF16", "F16")
 G_MAX = 4  # rows of x per kernel call (an accumulator each)
@@ -244,15 +244,7 @@ def prepare(out: np.ndarray, x: np.ndarray, *b, qweight):
             and _route(qweight.qtype, x.size // k) == "rows"):  # fmt: skip
         return None  # (a bf16dot product runs as linear does, unbound)
     run = bind(qweight.qtype, _weight_bytes(qweight), x.reshape(-1, k), out.reshape(-1, n))
-    if not b:
-        return run
-    bias = b[0]
-
-    def run_bias() -> None:
-        run()
-        np.add(out, bias, out=out)
-
-    return run_bias
+    return with_bias(run, out, b[0] if b else None)
 
 
 def _when(x, *b, qweight) -> bool:
