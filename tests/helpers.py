@@ -355,3 +355,36 @@ class threads_set:
         if self.nb is not None:
             self.nb.set_num_threads(self.prev)
         pool.reconfigure()
+
+
+def picked_kernels(monkeypatch) -> list:
+    """The names of the kernels ``registry.pick`` returns from now on (None: no kernel), in
+    order: a list that fills as ops run."""
+    from ember.kernels import registry
+
+    names: list = []
+    real = registry.pick
+
+    def spy(op, *a):
+        kern = real(op, *a)
+        names.append(kern.name if kern is not None else None)
+        return kern
+
+    monkeypatch.setattr(registry, "pick", spy)
+    return names
+
+
+def run_fresh(code: str, env: dict) -> list[str]:
+    """Run Python code in a fresh process from the repository root with env added to the
+    environment (switches read at import); its stdout split into words."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, cwd=root, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()

@@ -10,7 +10,7 @@ import torch
 import ember
 from ember.kernels import registry
 from ember.kernels.cpu import blas
-from tests.helpers import check_kernel
+from tests.helpers import check_kernel, picked_kernels
 
 RNG = np.random.default_rng(4)
 
@@ -63,15 +63,7 @@ def test_linear_kernel_matches_reference_and_torch(path):
 def test_linear_trains_through_the_kernels(path, monkeypatch):
     """A recorded float32 linear runs linear_blas forward and the gemm kernel for both of its
     gradients; they equal torch's."""
-    names = []
-    real = registry.pick
-
-    def spy(op, *a):
-        kern = real(op, *a)
-        names.append(kern.name if kern is not None else None)
-        return kern
-
-    monkeypatch.setattr(registry, "pick", spy)
+    names = picked_kernels(monkeypatch)
     x, w, b, gy = _f32(3, 11, 20), _f32(30, 20), _f32(30), _f32(3, 11, 30)
     tx, tw, tb = (ember.from_numpy(a).requires_grad_() for a in (x, w, b))
     ember.nn.functional.linear(tx, tw, tb).backward(ember.from_numpy(gy))

@@ -11,7 +11,7 @@ import ember
 from ember.kernels import registry
 from ember.kernels.cpu import cross_entropy as ce
 from ember.nn import functional as F
-from tests.helpers import check_kernel
+from tests.helpers import check_kernel, picked_kernels
 
 RNG = np.random.default_rng(11)
 
@@ -106,15 +106,7 @@ def test_grad_nan_row_stays_nan_ignored_rows_are_zero():
 def test_the_loss_takes_the_kernels(monkeypatch):
     """F.cross_entropy on float32 (N, C) logits without smoothing runs both kernels; smoothing
     keeps the numpy path; the losses agree with torch either way."""
-    names = []
-    real = registry.pick
-
-    def spy(op, *a):
-        kern = real(op, *a)
-        names.append(kern.name if kern is not None else None)
-        return kern
-
-    monkeypatch.setattr(registry, "pick", spy)
+    names = picked_kernels(monkeypatch)
     z, tc = _z(9, 120), RNG.integers(0, 120, 9)
     for smoothing in (0.0, 0.1):
         names.clear()

@@ -8,10 +8,6 @@ invariance (row i of an M-row product is bitwise the product of x[i] alone, at e
 count and split). test_pdot.py has the panel layout's own tests.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -20,7 +16,7 @@ from ember.errors import DTypeError, ShapeError
 from ember.kernels import registry
 from ember.kernels.cpu.quant import _common, _idot, _pdot, _q8x
 from ember.quant import QTensor, quantize_array
-from tests.helpers import _thread_counts, check_kernel, threads_set
+from tests.helpers import _thread_counts, check_kernel, run_fresh, threads_set
 from tests.quant.conftest import random_blocks
 
 FORMATS = list(_idot.SPECS)
@@ -361,13 +357,7 @@ print(zlib.crc32(np.concatenate([o.ravel() for o in out]).tobytes()))
 
 
 def _run(env):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    e = {**os.environ, **env}
-    r = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], env=e, cwd=root, capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
+    return run_fresh(_SCRIPT, env)
 
 
 @pytest.mark.parametrize(

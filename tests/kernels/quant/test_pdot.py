@@ -5,10 +5,6 @@ alone (the GGUF bytes, dequantization, the transposed product). test_idot.py che
 products against float64 references and their batch invariance, on both layouts.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -18,7 +14,7 @@ from ember.kernels import registry
 from ember.kernels.cpu.quant import _common, _panels, _pdot, _q8x
 from ember.kernels.cpu.quant.transposed import matmul_qt, matmul_qt_reference
 from ember.quant import QTensor
-from tests.helpers import threads_set
+from tests.helpers import run_fresh, threads_set
 from tests.quant.conftest import random_blocks
 
 FORMATS = list(_pdot.FORMATS)
@@ -264,13 +260,7 @@ print(_pdot.state()["path"], zlib.crc32(np.concatenate([o.ravel() for o in out])
 
 
 def _run(env):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    e = {**os.environ, **env}
-    r = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], env=e, cwd=root, capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
+    return run_fresh(_SCRIPT, env)
 
 
 def test_paths_give_the_same_bits():
