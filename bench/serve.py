@@ -4,6 +4,7 @@
                           [--llama-server PATH] [--engines ember,llama-server,llama-cpp-python]
     python bench/serve.py --soak [--clients 64] [--seconds 120]
     python bench/serve.py --prefix [--requests 3]
+    python bench/serve.py --steps [--rounds 3]
 
 Each engine is started on a free loopback port with the bundled SmolLM2 GGUF and the same thread
 count, as its users start it (its own defaults otherwise; llama-server with ``-np`` = the most
@@ -453,6 +454,68 @@ def prefix(args, path: str) -> None:
         append("Serving: time to first token with a shared prefix (bench/serve.py --prefix)", text)
 
 
+def steps(args, path: str) -> None:
+    """The engine's model steps without HTTP: 8 chat prompts as one padded forward vs one by
+    one, and a decode step of 1 vs 8 rows (median ms of --rounds x 5 calls, in one process)."""
+    import statistics as st
+    from types import SimpleNamespace
+
+    from ember.cli._llm import chat_ids, load
+    from ember.serve.engine import StepInput, StepRunner
+
+    model, tok = load(SimpleNamespace(model=path, threads=args.threads, lora=[]))
+    prompts = [chat_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS[:8]]
+
+    def prefill(together: bool) -> float:
+        r = StepRunner(model, slots=8)
+        r.prompts_together = together
+        caches = [r.new_cache(len(p) + 8) for p in prompts]
+        ins = [StepInput(p, r.reserve(c, len(p))) for p, c in zip(prompts, caches)]
+        t = time.perf_counter()
+        if together:
+            r.step(ins)
+        else:
+            for i in ins:
+                r.step([i])
+        return time.perf_counter() - t
+
+    runner = StepRunner(model, slots=8)
+    caches = [runner.new_cache(len(p) + 200) for p in prompts]
+    for p, c in zip(prompts, caches):
+        runner.step([StepInput(p, runner.reserve(c, len(p)))])
+
+    def decode(n: int) -> float:
+        ins = [
+            StepInput([7], runner.reserve(c, runner.cache.lengths[c.index] + 1)) for c in caches[:n]
+        ]
+        t = time.perf_counter()
+        runner.step(ins)
+        return time.perf_counter() - t
+
+    runs = {"together": [], "alone": [], 1: [], 8: []}
+    for _ in range(args.rounds):
+        for key, fn in (("together", lambda: prefill(True)), ("alone", lambda: prefill(False)),
+                        (1, lambda: decode(1)), (8, lambda: decode(8))):  # fmt: skip
+            fn()  # warm-up (first calls compile and capture)
+            runs[key] += [fn() for _ in range(5)]
+    ms = {k: 1e3 * st.median(v) for k, v in runs.items()}
+    lengths = [len(p) for p in prompts]
+    text = (
+        "| step | median ms |\n|---|---:|\n"
+        f"| 8 chat prompts ({min(lengths)}-{max(lengths)} tokens), one padded forward | "
+        f"{ms['together']:.1f} |\n"
+        f"| the same 8 prompts, one forward each | {ms['alone']:.1f} |\n"
+        f"| decode step, 1 row | {ms[1]:.2f} |\n| decode step, 8 rows | {ms[8]:.2f} |\n\n"
+        f"Bundled SmolLM2-135M-Instruct Q4_1, ember's StepRunner in one process (no HTTP), "
+        f"{args.threads} threads, {args.rounds} x 5 calls each after a warm-up; prompts together "
+        f"{ms['alone'] / ms['together']:.2f}x faster; load average "
+        f"{os.getloadavg()[0]:.2f} at the end."
+    )
+    print(text)
+    if not args.no_save:
+        append("Serving: the engine's model steps (bench/serve.py --steps)", text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -465,6 +528,7 @@ def main() -> None:
     ap.add_argument("--np", type=int, help="llama-server's parallel slots (default: most streams)")
     ap.add_argument("--soak", action="store_true")
     ap.add_argument("--prefix", action="store_true", help="TTFT with a shared prefix (ember)")
+    ap.add_argument("--steps", action="store_true", help="the engine's model steps, no HTTP")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--no-save", action="store_true", help="print only")
@@ -472,7 +536,8 @@ def main() -> None:
     from ember.models.hub import default_model_path
 
     path = str(default_model_path())
-    (soak if args.soak else prefix if args.prefix else throughput)(args, path)
+    mode = soak if args.soak else prefix if args.prefix else steps if args.steps else throughput
+    mode(args, path)
 
 
 if __name__ == "__main__":
