@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.errors import FormatError, UnsupportedError
+from ember.io._common import read_json_object
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -73,18 +74,6 @@ def hf_tokenizer_files(metadata: Mapping[str, Any], context_length: int | None) 
 
 
 # --- Hugging Face folder -> GGUF metadata ---------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FormatError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise FormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _token_content(value: Any) -> str | None:
@@ -200,8 +189,8 @@ def gguf_tokenizer_metadata(folder: Path, vocab_size: int) -> dict[str, Any]:
     if meta["tokenizer.ggml.model"] == "gpt2":
         meta["tokenizer.ggml.merges"] = merges
     config = {
-        **_read_json(folder / "special_tokens_map.json"),
-        **_read_json(folder / "tokenizer_config.json"),
+        **read_json_object(folder / "special_tokens_map.json", {}),
+        **read_json_object(folder / "tokenizer_config.json", {}),
     }
     by_text = {t: i for i, t in enumerate(tokens)}
     for key, gguf_key in (
@@ -214,7 +203,7 @@ def gguf_tokenizer_metadata(folder: Path, vocab_size: int) -> dict[str, Any]:
         if tid is not None:
             meta[f"tokenizer.ggml.{gguf_key}_token_id"] = tid
     if "tokenizer.ggml.eos_token_id" not in meta:
-        eos = _read_json(folder / "generation_config.json").get("eos_token_id")
+        eos = read_json_object(folder / "generation_config.json", {}).get("eos_token_id")
         eos = eos[0] if isinstance(eos, list) and eos else eos
         if isinstance(eos, int) and 0 <= eos < n:
             meta["tokenizer.ggml.eos_token_id"] = eos

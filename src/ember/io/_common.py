@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import mmap
 import os
 import sys
@@ -57,6 +58,23 @@ class LazyDTypes(Mapping):
             ) == dt:
                 return name
         return None
+
+
+def read_json_object(path: str | os.PathLike, missing: dict | None = None) -> dict:
+    """A JSON object from a file; ``missing`` (a copy) when the file does not exist, if given.
+    A missing file without it, broken JSON or another JSON value: FormatError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        if missing is not None:
+            return dict(missing)
+        raise FormatError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def fail(path: str | os.PathLike, message: str, offset: int | None = None) -> FormatError:

@@ -7,7 +7,6 @@ them out, so that a diffusers checkpoint's tensor names land on them unchanged.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import fields
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from ember import nn
 from ember.errors import FormatError, UnsupportedError
+from ember.io._common import read_json_object
 from ember.nn import functional as F
 from ember.tensor import Tensor
 
@@ -46,15 +46,7 @@ def config_from_dict(cls, d: dict, where: str):
 
 def read_json(path: Path) -> dict:
     """A JSON object from a file, or a FormatError saying which file is missing or broken."""
-    if not path.is_file():
-        raise FormatError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FormatError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise FormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path)
 
 
 def find_weights(folder: Path, stem: str) -> Path:

@@ -19,6 +19,7 @@ import tokenizers
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 
 from ember.errors import FormatError
+from ember.io._common import read_json_object
 
 # CLIP's pre-tokenizer: contractions, letter runs, single digits, runs of other non-space symbols
 _SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"
@@ -29,16 +30,6 @@ def _special(config: dict, name: str, default: str) -> str:
     if isinstance(value, dict):
         value = value.get("content", default)
     return value if isinstance(value, str) else default
-
-
-def _read(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FormatError(f"{path}: not valid JSON ({e})") from None
-    return data if isinstance(data, dict) else {}
 
 
 class CLIPTokenizer:
@@ -103,7 +94,10 @@ class CLIPTokenizer:
     def from_pretrained(cls, path: str | os.PathLike) -> CLIPTokenizer:
         """A diffusers ``tokenizer/`` folder: vocab.json + merges.txt (or tokenizer.json) + configs."""
         p = Path(path)
-        config = {**_read(p / "special_tokens_map.json"), **_read(p / "tokenizer_config.json")}
+        config = {
+            **read_json_object(p / "special_tokens_map.json", {}),
+            **read_json_object(p / "tokenizer_config.json", {}),
+        }
         kw = dict(
             bos_token=_special(config, "bos_token", "<|startoftext|>"),
             eos_token=_special(config, "eos_token", "<|endoftext|>"),
