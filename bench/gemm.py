@@ -35,8 +35,16 @@ SHAPES = [  # label, M, K, N
 ]
 
 
+# idle time before each engine's turn: the previous engine's workers (torch's OpenMP team,
+# OpenBLAS's threads) spin after a call, and an engine timed inside that window had one of the 2
+# cores taken (ember's big products measured at ~250 GFLOP/s on 2 threads right after torch's,
+# ~500 after a pause)
+SETTLE_S = 0.3
+
+
 def best(fn, repeat: int) -> float:
-    """Best wall time of fn() over repeat calls (after one warm-up call)."""
+    """Best wall time of fn() over repeat calls (after SETTLE_S idle and one warm-up call)."""
+    time.sleep(SETTLE_S)
     fn()
     t = float("inf")
     for _ in range(repeat):
