@@ -47,7 +47,19 @@ from ember.kernels.cpu.quant import _idot, _panels
 
 FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q6_K", "Q4_K", "Q5_K")  # format id = index
 G_MAX = {"zmm": 8, "ymm": 4, "avx2": 4}  # x rows per kernel call, by path
-CHUNK_BYTES = 1 << 16  # weight bytes per chunk of pool work (for one group of x rows)
+# weight bytes per chunk of pool work, for one group of x rows. 1 << 16 before: 1 << 18 took
+# a 1B model's decode shapes (bench/quant.py, M = 1, 2 threads, configurations alternated in
+# one process) from 98-101% to 108-111% of the read bandwidth for Q4_K / Q5_K, Q8_0 128 -> 139%,
+# Q4_0 108 -> 115%, Q4_1 107 -> 117%, Q6_K 98 -> 111%, M = 4 and 16 a few % faster, 1 thread
+# unchanged (1 << 19 alike; a quarter of the weight per chunk 2-4% more). A chunk runs every
+# group of x rows, so with more groups it covers fewer weight bytes, down to a quarter of
+# CHUNK_BYTES (the old 64 KiB): with 1 << 18 whatever the groups, a 128-row prefill's chunks
+# (16 groups, ~60 M multiply-adds each) left the pool's master solo in 3 of 4 runs (2 threads
+# as slow as 1: Q4_0 15.5 ms against 8.7); now as before (8.9 / 8.4-9.3 ms). A weight under
+# MIN_CHUNKS chunks gets chunks of 1 / MIN_CHUNKS of it, again not under a quarter of
+# CHUNK_BYTES (a 135M model's 576 x 576 products, ~200 KB, split among the threads as before)
+CHUNK_BYTES = 1 << 18
+MIN_CHUNKS = 8
 # bytes ahead of the current block that each block step prefetches, every line of it: one
 # line per block at 1024 bytes left Q4_0 at M = 4 reading 13 GB/s from DRAM on one thread,
 # every line at 8192 about 25; 16384 gave 2 threads a few GB/s more again at M = 1-8 (ad-hoc
@@ -562,7 +574,10 @@ def bind(qtype: str, panels: np.ndarray, n: int, x: np.ndarray, y: np.ndarray):
     xi = np.empty((m, nb), np.int32)
     xh = np.empty((m, 2 * nb) if qtype == "Q6_K" else (1, 1), np.int32)
     rowb = panels.shape[1] // 16
-    chunk = max(16, (CHUNK_BYTES // rowb) & ~15)
+    least = CHUNK_BYTES >> 2
+    per = max(CHUNK_BYTES // -(-m // st["gmax"]), least)  # bytes per chunk (see CHUNK_BYTES)
+    per = min(per, max(least, panels.nbytes // MIN_CHUNKS))
+    chunk = max(16, (per // rowb) & ~15)
     driver, f, fns, ctrl, gmax = (
         st["driver"],
         FORMATS.index(qtype),
