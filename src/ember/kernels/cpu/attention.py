@@ -405,7 +405,7 @@ def _build() -> dict:
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")
     g.update(_micro=tile, _expf=nb.njit(**inline)(expf), carray=nb.carray)
-    g["_ld"], g["_vptr"] = _intrinsics()
+    g["_ld"], g["_vptr"] = pool.intrinsics()
     g["_pack_one"] = nb.njit(**inline)(_pack_one_py)
     g["_tile"] = nb.njit(**inline)(_tile_py)
     for name in ("_softmax_row", "_masked_max", "_masked_exp"):
@@ -421,30 +421,6 @@ def _build() -> dict:
         ),
     }
     return {"mr": mr, "nr": nr, "tasks": tasks, **{k: t.address for k, t in tasks.items()}}
-
-
-def _intrinsics():
-    """(ld, vptr): the int64 at address + 8 * index, and an address as a void pointer."""
-    from llvmlite import ir
-    from numba import types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def ld(typingctx, addr, index):
-        def codegen(context, builder, signature, args):
-            ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-            return builder.load(builder.gep(ptr, [args[1]]))
-
-        return types.int64(types.int64, types.int64), codegen
-
-    @intrinsic
-    def vptr(typingctx, addr):
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-
-        return types.voidptr(types.int64), codegen
-
-    return ld, vptr
 
 
 def _kernels() -> dict:
