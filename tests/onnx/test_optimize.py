@@ -221,6 +221,35 @@ def test_matmul_bias_as_packed_linear(shape):
 
 
 @needs_gemm
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 7), (1, 7)])
+def test_residual_add_in_the_linear_epilogue(shape):
+    """MatMul + bias + a run-time residual (either operand order) becomes one Linear node; a
+    residual that broadcasts, or of another dtype, replays the nodes."""
+    inits = [_t("w", _r(7, 9)), _t("b", _r(9)), _t("w2", _r(9, 9))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+        helper.make_node("Add", ["r", "hb"], ["y"]),  # residual first
+        helper.make_node("MatMul", ["y", "w2"], ["h2"]),
+        helper.make_node("Add", ["h2", "y"], ["out"]),  # no bias, residual second
+    ]
+    m = _model(nodes, [("x", F32, None), ("r", F32, None)], ["out"], inits)
+    lead = shape[:-1]
+    feeds = [
+        {"x": _r(*shape), "r": _r(*lead, 9)},
+        {"x": _r(*shape), "r": _r(9)},  # broadcasts: the replay
+        {"x": _r(*shape), "r": _r(*lead, 9)[..., ::-1]},  # not contiguous
+    ]
+    fast = _both(m, feeds)
+    assert _ops(fast) == ["Linear", "Linear"]
+    a = fast.run(feeds[0])["out"].numpy()
+    x, r = feeds[0]["x"].astype(np.float64), feeds[0]["r"].astype(np.float64)
+    w, b, w2 = (numpy_helper.to_array(t).astype(np.float64) for t in inits)
+    y = r + (x @ w + b)
+    np.testing.assert_allclose(a, y @ w2 + y, rtol=1e-4, atol=1e-4)
+
+
+@needs_gemm
 @pytest.mark.parametrize("trans_b,alpha,beta,c_shape", [(0, 1.0, 1.0, (9,)), (1, 0.5, 2.0, (1, 9)),
                                                         (1, 1.0, 1.0, None), (0, 1.5, 1.0, (3, 9))])  # fmt: skip
 def test_gemm_as_packed_linear(trans_b, alpha, beta, c_shape):

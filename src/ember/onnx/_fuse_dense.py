@@ -3,7 +3,9 @@
 - ``MatMul(x, W)`` and ``Gemm(x, W, C)`` by a constant 2-D float32 weight become ``F.linear`` on a
   ``PackedWeight`` (the ``linear`` op's packed-GEMM kernel: no BLAS call, no packing per call),
   with a constant bias ``Add`` after a MatMul (or Gemm's constant ``C``) as the linear's bias and
-  Gemm's alpha folded into the weight.
+  Gemm's alpha folded into the weight; an ``Add`` of a run-time value after a MatMul (a
+  transformer's residual) is added in the GEMM's epilogue when that value has the product's
+  shape (``gemm.linear_packed_residual``: no separate pass over the output).
 - ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
   exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
   inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
@@ -86,6 +88,26 @@ class _LinearRun:
         return F.linear(x, self.w, self.b)
 
 
+class _ResidualLinearRun(_LinearRun):
+    """x @ W (+ bias) + res, res added in the GEMM's epilogue when it has the product's shape."""
+
+    def __call__(self, at, x: Tensor, res: Tensor) -> Tensor:
+        w = self.w._data
+        f32 = ember.float32
+        if (
+            x.dtype != f32
+            or res.dtype != f32
+            or x.ndim < max(1, self.b_rank)
+            or res.shape != (*x.shape[:-1], w.shape[0])
+            or not res._data.flags.c_contiguous
+            or G.packed_panels(w) is None
+            or (ember.is_grad_enabled() and (x.requires_grad or res.requires_grad))
+        ):
+            return self.replay(x, res)
+        b = None if self.b is None else self.b._data
+        return Tensor._wrap(G.linear_packed_residual(x._data, w, b, res._data))
+
+
 def _bias_of(c: np.ndarray, n: int) -> np.ndarray | None:
     """A constant added to (..., n) products as one (n,) bias vector, or None."""
     if (
@@ -115,9 +137,19 @@ def _fuse_matmul(rw: Rewriter, i: int) -> None:
             idxs.append(j)
             nodes.append(m)
             out = m.outputs[0]
-    replay = Replay(nodes, [nd.inputs[0]], out, rw.consts)
-    run = _LinearRun(_packed(w.T), b, b_rank, replay)
-    rw.replace(idxs, fused_node("Linear", [nd.inputs[0]], [out], run, nd))
+    inputs = [nd.inputs[0]]
+    j = rw.sole_user(out)
+    m = rw.node(j)
+    if m is not None and m.op == "Add" and (o := _other(m, out)) is not None:
+        if o not in rw.consts:  # a residual computed at run time: into the GEMM's epilogue
+            idxs.append(j)
+            nodes.append(m)
+            out = m.outputs[0]
+            inputs.append(o)
+    replay = Replay(nodes, inputs, out, rw.consts)
+    kind = _ResidualLinearRun if len(inputs) > 1 else _LinearRun
+    run = kind(_packed(w.T), b, b_rank, replay)
+    rw.replace(idxs, fused_node("Linear", inputs, [out], run, nd))
 
 
 def _fuse_gemm(rw: Rewriter, i: int) -> None:

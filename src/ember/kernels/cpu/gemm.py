@@ -668,6 +668,14 @@ def _linear_applies(x, w, b=None) -> bool:
 )
 def linear_packed(x: np.ndarray, w: PackedWeight, b: np.ndarray | None = None) -> np.ndarray:
     """x @ w.T + b on w's panels (bias in the GEMM's epilogue): no packing, no BLAS call."""
+    return linear_packed_residual(x, w, b, None)
+
+
+def linear_packed_residual(
+    x: np.ndarray, w: PackedWeight, b: np.ndarray | None, res: np.ndarray | None
+) -> np.ndarray:
+    """x @ w.T + b + res, res added in the GEMM's epilogue (a C-contiguous float32 array of the
+    result's shape, or None); w must carry panels (``packed_panels``)."""
     o, k = w.shape
     lead = x.shape[:-1]
     x2 = np.ascontiguousarray(x.reshape(-1, k))
@@ -679,7 +687,8 @@ def linear_packed(x: np.ndarray, w: PackedWeight, b: np.ndarray | None = None) -
         rows = _ROWS[m, k] = np.arange(m, dtype=np.int64) * k
     bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b)
     out = np.empty((m, o), np.float32)
-    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, None, 0, out, (0, (m - 1) * k))
+    r = None if res is None else res.reshape(m, o)
+    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, r, 0, out, (0, (m - 1) * k))
     return out.reshape(*lead, o)
 
 
