@@ -408,3 +408,27 @@ def test_optimize_is_the_default_and_can_be_skipped(tmp_path):
     if G.microkernels_available():
         assert _ops(ember.onnx.load(p)) == ["Linear"]
     assert ember.onnx.load(p).initializers["w"].shape == (4, 5)  # the file's weights, as they are
+
+
+@needs_gemm
+def test_linear_then_gelu_as_one_node_and_not_when_the_product_is_read_twice():
+    """MatMul + bias + spelled-out GELU: one Linear node, the GELU written over the product (a
+    big product too: the GELU's pool tasks); the product read elsewhere keeps its own node."""
+    consts = {"sqrt2": math.sqrt(2), "one": 1.0, "half": 0.5}
+    inits = [_t(k, np.float32(v)) for k, v in consts.items()]
+    inits += [_t("w", _r(40, 300, scale=0.2)), _t("b", _r(300))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+    ]
+    nodes += _gelu_nodes("hb", "g")
+    nodes += [helper.make_node("MatMul", ["x", "w"], ["h2"])]
+    nodes += _gelu_nodes("h2", "g2") + [helper.make_node("Neg", ["h2"], ["n2"])]
+    m = _model(nodes, [("x", F32, None)], ["g", "g2", "n2"], inits)
+    x = _r(3, 250, 40)
+    fast = _both(m, [{"x": x}, {"x": x[0, :5]}, {"x": x.astype(np.float64)}])
+    assert sorted(_ops(fast)) == ["Gelu", "Linear", "Linear", "Neg"]
+    w, b = numpy_helper.to_array(inits[3]), numpy_helper.to_array(inits[4])
+    h = x.astype(np.float64) @ w + b
+    want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    np.testing.assert_allclose(fast.run({"x": x})["g"].numpy(), want, rtol=1e-4, atol=1e-4)

@@ -5,7 +5,8 @@
   with a constant bias ``Add`` after a MatMul (or Gemm's constant ``C``) as the linear's bias and
   Gemm's alpha folded into the weight; an ``Add`` of a run-time value after a MatMul (a
   transformer's residual) is added in the GEMM's epilogue when that value has the product's
-  shape (``gemm.linear_packed_residual``: no separate pass over the output).
+  shape (``gemm.linear_packed_residual``: no separate pass over the output), and a GELU after
+  it (the fused ``Gelu`` node below) is written over the product's fresh output.
 - ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
   exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
   inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
@@ -88,6 +89,25 @@ class _LinearRun:
         return F.linear(x, self.w, self.b)
 
 
+class _GeluLinearRun(_LinearRun):
+    """GELU(x @ W (+ bias)), the GELU written over the GEMM's fresh output (no second array)."""
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        w = self.w._data
+        if (
+            x.dtype != ember.float32
+            or x.ndim < max(1, self.b_rank)
+            or G.packed_panels(w) is None
+            or (ember.is_grad_enabled() and x.requires_grad)
+        ):
+            return self.replay(x)
+        from ember.kernels.cpu import activation
+
+        b = None if self.b is None else self.b._data
+        y = G.linear_packed_residual(x._data, w, b, None)
+        return Tensor._wrap(activation.gelu_inplace(y))
+
+
 class _ResidualLinearRun(_LinearRun):
     """x @ W (+ bias) + res, res added in the GEMM's epilogue when it has the product's shape."""
 
@@ -137,7 +157,7 @@ def _fuse_matmul(rw: Rewriter, i: int) -> None:
             idxs.append(j)
             nodes.append(m)
             out = m.outputs[0]
-    inputs = [nd.inputs[0]]
+    inputs, kind = [nd.inputs[0]], _LinearRun
     j = rw.sole_user(out)
     m = rw.node(j)
     if m is not None and m.op == "Add" and (o := _other(m, out)) is not None:
@@ -146,10 +166,21 @@ def _fuse_matmul(rw: Rewriter, i: int) -> None:
             nodes.append(m)
             out = m.outputs[0]
             inputs.append(o)
+            kind = _ResidualLinearRun
+    elif m is not None and m.op == "Gelu" and m.inputs == [out] and _gelu_inplace():
+        idxs.append(j)
+        nodes.append(m)
+        out = m.outputs[0]
+        kind = _GeluLinearRun
     replay = Replay(nodes, inputs, out, rw.consts)
-    kind = _ResidualLinearRun if len(inputs) > 1 else _LinearRun
     run = kind(_packed(w.T), b, b_rank, replay)
     rw.replace(idxs, fused_node("Linear", inputs, [out], run, nd))
+
+
+def _gelu_inplace() -> bool:
+    from ember.kernels.cpu import activation
+
+    return activation.gelu_inplace_available()
 
 
 def _fuse_gemm(rw: Rewriter, i: int) -> None:

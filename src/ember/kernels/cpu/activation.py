@@ -32,10 +32,12 @@ def _gelu_chunks(x, out, chunk, c0, c1):  # pragma: no cover - compiled
     """Chunks c0..c1-1 of x (chunk elements each) into out, through GELU."""
     n = x.shape[0]
     oa = out.ctypes.data
+    copy = x.ctypes.data != oa  # in place: no copy
     for c in range(c0, c1):
         s = c * chunk
         e = min(n, s + chunk)
-        out[s:e] = x[s:e]
+        if copy:
+            out[s:e] = x[s:e]
         _gelu_row(oa + s * 4, e - s, oa, 0)
 
 
@@ -80,6 +82,37 @@ def gelu_reference(x: np.ndarray, *, approximate: str) -> np.ndarray:
         return _gelu_exact(x)
 
 
+def _gelu_flat(flat: np.ndarray, out: np.ndarray) -> None:
+    """out = GELU(flat) (1-D float32, contiguous; out may be flat itself)."""
+    n = flat.size
+    k = _kernels()
+    chunks = -(-n // CHUNK)
+    threads = get_num_threads()
+    if n >= GELU_PARALLEL and k["task"] and threads > 1:
+        from ember.kernels.cpu import pool
+
+        desc = np.array([flat.ctypes.data, out.ctypes.data, n, CHUNK], np.int64)
+        per = max(1, min(POOL_CHUNKS, chunks // (4 * threads)))
+        pool.run_items(k["task"], desc.ctypes.data, chunks, per)
+    elif n:
+        k["serial"](flat, out, CHUNK, 0, chunks)
+
+
+def gelu_inplace_available() -> bool:
+    """Whether ``gelu_inplace`` runs here (numba and vecmath's row kernels)."""
+    return have_numba() and vecmath.symbols() is not None
+
+
+def gelu_inplace(x: np.ndarray) -> np.ndarray:
+    """Exact GELU of a C-contiguous float32 array, written over it (a GEMM's fresh output: no
+    second array, whose first touch cost ViT-B/16 b8 74 MB of page faults a layer); returns x."""
+    if x.dtype != _F32 or not x.flags.c_contiguous:
+        raise ValueError("gelu_inplace: a C-contiguous float32 array expected")
+    flat = x.reshape(-1)
+    _gelu_flat(flat, flat)
+    return x
+
+
 @register(
     "gelu",
     reference=gelu_reference,
@@ -94,18 +127,7 @@ def gelu(x: np.ndarray, *, approximate: str) -> np.ndarray:
         perm, dense = None, np.ascontiguousarray(x)
     flat = dense.reshape(-1)
     out = np.empty(flat.shape, _F32)
-    n = flat.size
-    k = _kernels()
-    chunks = -(-n // CHUNK)
-    threads = get_num_threads()
-    if n >= GELU_PARALLEL and k["task"] and threads > 1:
-        from ember.kernels.cpu import pool
-
-        desc = np.array([flat.ctypes.data, out.ctypes.data, n, CHUNK], np.int64)
-        per = max(1, min(POOL_CHUNKS, chunks // (4 * threads)))
-        pool.run_items(k["task"], desc.ctypes.data, chunks, per)
-    elif n:
-        k["serial"](flat, out, CHUNK, 0, chunks)
+    _gelu_flat(flat, out)
     out = out.reshape(dense.shape)
     return out if perm is None else out.transpose(np.argsort(perm))  # e.g. channels-last stays
 
