@@ -432,3 +432,30 @@ def test_linear_then_gelu_as_one_node_and_not_when_the_product_is_read_twice():
     h = x.astype(np.float64) @ w + b
     want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
     np.testing.assert_allclose(fast.run({"x": x})["g"].numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_gemm
+def test_big_products_reuse_buffers_nothing_holds(monkeypatch):
+    """With every product in the arena: outputs the caller keeps are never written over, and
+    values still to be read (x1 below, read by the last Add) are not reused meanwhile."""
+    from ember.onnx import _fuse_dense
+
+    monkeypatch.setattr(_fuse_dense, "ARENA_MIN_BYTES", 0)
+    inits = [_t("w1", _r(6, 6)), _t("w2", _r(6, 6)), _t("w3", _r(6, 6))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["x1"]),
+        helper.make_node("MatMul", ["x1", "w2"], ["x2"]),
+        helper.make_node("MatMul", ["x2", "w3"], ["x3"]),
+        helper.make_node("Add", ["x3", "x1"], ["out"]),  # x1 read late: a residual in x3's node
+        helper.make_node("Relu", ["x3"], ["r"]),
+    ]
+    m = _model(nodes, [("x", F32, None)], ["out", "r"], inits)
+    feeds = [{"x": _r(4, 6)} for _ in range(4)]
+    fast = _both(m, feeds)
+    kept = [fast.run(f) for f in feeds]  # all kept: later runs must not write into them
+    w1, w2, w3 = (numpy_helper.to_array(t).astype(np.float64) for t in inits)
+    for f, got in zip(feeds, kept):
+        x1 = f["x"].astype(np.float64) @ w1
+        x3 = x1 @ w2 @ w3
+        np.testing.assert_allclose(got["out"].numpy(), x3 + x1, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got["r"].numpy(), np.maximum(x3, 0), rtol=1e-4, atol=1e-4)
