@@ -250,6 +250,21 @@ def test_key_mask_matches_torch_and_empty_rows_give_zeros(b, lq, s, h, d):
     _close(ref[keep], _torch(q[keep], k[keep], v[keep], h, 0.25, mask[keep]))
 
 
+def test_views_the_tasks_cannot_read_in_place_are_copied_first():
+    """Reversed batches and rows (negative strides), every other feature (a strided last axis)."""
+    b, lq, s, h, d = 2, 33, 41, 3, 16
+    q, k, v = _qkv(b, lq, s, h, 2 * d, False)
+    q, k, v = q[::-1, ::-1, ::2], k[:, ::-1, ::2], v[::-1, :, ::2]
+    ref = _torch(*(np.ascontiguousarray(a) for a in (q, k, v)), h, 0.3, None)
+    _close(A.attention(q, k, v, h, 0.3), ref)
+
+
+def test_a_mask_that_keeps_every_key_is_no_mask():
+    q, k, v = _qkv(2, 20, 30, 2, 16, False)
+    keep = np.ones((2, 30), np.bool_)
+    _close(A.attention(q, k, v, 2, 0.3, key_mask=keep), _torch(q, k, v, 2, 0.3, None))
+
+
 def test_large_scores_do_not_overflow():
     q, k, v = _qkv(1, 30, 40, 2, 16, False)
     q *= 40.0  # scores in the thousands: exp must see (s - max)

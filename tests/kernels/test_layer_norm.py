@@ -25,7 +25,7 @@ def _kw(x, has_w=True, has_b=True, eps=1e-5):
 def _cases():
     rng = np.random.default_rng(0)
     cases = []
-    for shape in [(1, 1), (3, 7), (2, 5, 64), (1, 384), (0, 8), (4, 3, 2, 33)]:
+    for shape in [(1, 1), (3, 7), (2, 5, 64), (1, 384), (0, 8), (4, 3, 2, 33), (300, 97)]:
         x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
         w, b = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
         cases.append(((x, w, b), _kw(x, eps=1e-12)))

@@ -221,6 +221,35 @@ def test_matmul_bias_as_packed_linear(shape):
 
 
 @needs_gemm
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 7), (1, 7)])
+def test_residual_add_in_the_linear_epilogue(shape):
+    """MatMul + bias + a run-time residual (either operand order) becomes one Linear node; a
+    residual that broadcasts, or of another dtype, replays the nodes."""
+    inits = [_t("w", _r(7, 9)), _t("b", _r(9)), _t("w2", _r(9, 9))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+        helper.make_node("Add", ["r", "hb"], ["y"]),  # residual first
+        helper.make_node("MatMul", ["y", "w2"], ["h2"]),
+        helper.make_node("Add", ["h2", "y"], ["out"]),  # no bias, residual second
+    ]
+    m = _model(nodes, [("x", F32, None), ("r", F32, None)], ["out"], inits)
+    lead = shape[:-1]
+    feeds = [
+        {"x": _r(*shape), "r": _r(*lead, 9)},
+        {"x": _r(*shape), "r": _r(9)},  # broadcasts: the replay
+        {"x": _r(*shape), "r": _r(*lead, 9)[..., ::-1]},  # not contiguous
+    ]
+    fast = _both(m, feeds)
+    assert _ops(fast) == ["Linear", "Linear"]
+    a = fast.run(feeds[0])["out"].numpy()
+    x, r = feeds[0]["x"].astype(np.float64), feeds[0]["r"].astype(np.float64)
+    w, b, w2 = (numpy_helper.to_array(t).astype(np.float64) for t in inits)
+    y = r + (x @ w + b)
+    np.testing.assert_allclose(a, y @ w2 + y, rtol=1e-4, atol=1e-4)
+
+
+@needs_gemm
 @pytest.mark.parametrize("trans_b,alpha,beta,c_shape", [(0, 1.0, 1.0, (9,)), (1, 0.5, 2.0, (1, 9)),
                                                         (1, 1.0, 1.0, None), (0, 1.5, 1.0, (3, 9))])  # fmt: skip
 def test_gemm_as_packed_linear(trans_b, alpha, beta, c_shape):
@@ -379,3 +408,54 @@ def test_optimize_is_the_default_and_can_be_skipped(tmp_path):
     if G.microkernels_available():
         assert _ops(ember.onnx.load(p)) == ["Linear"]
     assert ember.onnx.load(p).initializers["w"].shape == (4, 5)  # the file's weights, as they are
+
+
+@needs_gemm
+def test_linear_then_gelu_as_one_node_and_not_when_the_product_is_read_twice():
+    """MatMul + bias + spelled-out GELU: one Linear node, the GELU written over the product (a
+    big product too: the GELU's pool tasks); the product read elsewhere keeps its own node."""
+    consts = {"sqrt2": math.sqrt(2), "one": 1.0, "half": 0.5}
+    inits = [_t(k, np.float32(v)) for k, v in consts.items()]
+    inits += [_t("w", _r(40, 300, scale=0.2)), _t("b", _r(300))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+    ]
+    nodes += _gelu_nodes("hb", "g")
+    nodes += [helper.make_node("MatMul", ["x", "w"], ["h2"])]
+    nodes += _gelu_nodes("h2", "g2") + [helper.make_node("Neg", ["h2"], ["n2"])]
+    m = _model(nodes, [("x", F32, None)], ["g", "g2", "n2"], inits)
+    x = _r(3, 250, 40)
+    fast = _both(m, [{"x": x}, {"x": x[0, :5]}, {"x": x.astype(np.float64)}])
+    assert sorted(_ops(fast)) == ["Gelu", "Linear", "Linear", "Neg"]
+    w, b = numpy_helper.to_array(inits[3]), numpy_helper.to_array(inits[4])
+    h = x.astype(np.float64) @ w + b
+    want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    np.testing.assert_allclose(fast.run({"x": x})["g"].numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_gemm
+def test_big_products_reuse_buffers_nothing_holds(monkeypatch):
+    """With every product in the arena: outputs the caller keeps are never written over, and
+    values still to be read (x1 below, read by the last Add) are not reused meanwhile."""
+    from ember.onnx import _fuse_dense
+
+    monkeypatch.setattr(_fuse_dense, "ARENA_MIN_BYTES", 0)
+    inits = [_t("w1", _r(6, 6)), _t("w2", _r(6, 6)), _t("w3", _r(6, 6))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["x1"]),
+        helper.make_node("MatMul", ["x1", "w2"], ["x2"]),
+        helper.make_node("MatMul", ["x2", "w3"], ["x3"]),
+        helper.make_node("Add", ["x3", "x1"], ["out"]),  # x1 read late: a residual in x3's node
+        helper.make_node("Relu", ["x3"], ["r"]),
+    ]
+    m = _model(nodes, [("x", F32, None)], ["out", "r"], inits)
+    feeds = [{"x": _r(4, 6)} for _ in range(4)]
+    fast = _both(m, feeds)
+    kept = [fast.run(f) for f in feeds]  # all kept: later runs must not write into them
+    w1, w2, w3 = (numpy_helper.to_array(t).astype(np.float64) for t in inits)
+    for f, got in zip(feeds, kept):
+        x1 = f["x"].astype(np.float64) @ w1
+        x3 = x1 @ w2 @ w3
+        np.testing.assert_allclose(got["out"].numpy(), x3 + x1, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got["r"].numpy(), np.maximum(x3, 0), rtol=1e-4, atol=1e-4)

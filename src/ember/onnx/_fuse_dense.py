@@ -3,7 +3,10 @@
 - ``MatMul(x, W)`` and ``Gemm(x, W, C)`` by a constant 2-D float32 weight become ``F.linear`` on a
   ``PackedWeight`` (the ``linear`` op's packed-GEMM kernel: no BLAS call, no packing per call),
   with a constant bias ``Add`` after a MatMul (or Gemm's constant ``C``) as the linear's bias and
-  Gemm's alpha folded into the weight.
+  Gemm's alpha folded into the weight; an ``Add`` of a run-time value after a MatMul (a
+  transformer's residual) is added in the GEMM's epilogue when that value has the product's
+  shape (``gemm.linear_packed_residual``: no separate pass over the output), and a GELU after
+  it (the fused ``Gelu`` node below) is written over the product's fresh output.
 - ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
   exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
   inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
@@ -20,6 +23,7 @@ take) by running the nodes it replaced, in order (``Replay``).
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -74,16 +78,97 @@ def _packed(w_out_in: np.ndarray) -> Tensor:
 # ---- products ------------------------------------------------------------------------------
 
 
+# products of at least this many bytes write into buffers their graph keeps (``Arena``): glibc
+# gives an allocation above its largest mmap threshold (32 MB) fresh pages every time, and their
+# first touch (page faults, zeroing) inside the GEMM's tasks stalled the pool's worker (Whisper
+# tiny encoder b8, 1500 x 8 rows x 1536: 74 MB per MLP product)
+ARENA_MIN_BYTES = 32 << 20
+ARENA_MAX = 4  # buffers of one shape at most (more alive at once: plain arrays)
+
+
+class Arena:
+    """The big product outputs of one graph, reused once nothing else holds them.
+
+    A buffer is free when no tensor or view refers to it any more (its reference count is the
+    arena's own): the graph dropped the value after its last reader and the caller kept no
+    output made from it. Checked and taken under the GIL, before the GEMM releases it.
+    """
+
+    def __init__(self) -> None:
+        self.bufs: dict[tuple[int, int], list[np.ndarray]] = {}
+
+    def take(self, m: int, o: int) -> np.ndarray | None:
+        """A free (m, o) float32 buffer, or None (small, or all ARENA_MAX of them held)."""
+        if m * o * 4 < ARENA_MIN_BYTES:
+            return None
+        have = self.bufs.setdefault((m, o), [])
+        for buf in have:
+            if sys.getrefcount(buf) == 3:  # the list, this loop's name, the call's argument
+                return buf
+        if len(have) < ARENA_MAX:
+            have.append(np.empty((m, o), _F32))
+            return have[-1]
+        return None
+
+
 class _LinearRun:
     """x @ W (+ bias) through F.linear on the packed weight; other ranks/dtypes: the replay."""
 
-    def __init__(self, w: Tensor, b: Tensor | None, b_rank: int, replay: Replay) -> None:
-        self.w, self.b, self.b_rank, self.replay = w, b, b_rank, replay
+    def __init__(
+        self, w: Tensor, b: Tensor | None, b_rank: int, replay: Replay, arena: Arena
+    ) -> None:
+        self.w, self.b, self.b_rank, self.replay, self.arena = w, b, b_rank, replay, arena
 
     def __call__(self, at, x: Tensor, *rest) -> Tensor:
         if x.dtype != ember.float32 or x.ndim < max(1, self.b_rank):
             return self.replay(x, *rest)
+        w = self.w._data
+        if G.packed_panels(w) is not None and not (ember.is_grad_enabled() and x.requires_grad):
+            return Tensor._wrap(self._product(x._data, None))
         return F.linear(x, self.w, self.b)
+
+    def _product(self, x: np.ndarray, res: np.ndarray | None) -> np.ndarray:
+        w = self.w._data
+        m = math.prod(x.shape[:-1])
+        out = self.arena.take(m, w.shape[0]) if x.size else None
+        b = None if self.b is None else self.b._data
+        return G.linear_packed_residual(x, w, b, res, out)
+
+
+class _GeluLinearRun(_LinearRun):
+    """GELU(x @ W (+ bias)), the GELU written over the GEMM's fresh output (no second array)."""
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        w = self.w._data
+        if (
+            x.dtype != ember.float32
+            or x.ndim < max(1, self.b_rank)
+            or G.packed_panels(w) is None
+            or (ember.is_grad_enabled() and x.requires_grad)
+        ):
+            return self.replay(x)
+        from ember.kernels.cpu import activation
+
+        return Tensor._wrap(activation.gelu_inplace(self._product(x._data, None)))
+
+
+class _ResidualLinearRun(_LinearRun):
+    """x @ W (+ bias) + res, res added in the GEMM's epilogue when it has the product's shape."""
+
+    def __call__(self, at, x: Tensor, res: Tensor) -> Tensor:
+        w = self.w._data
+        f32 = ember.float32
+        if (
+            x.dtype != f32
+            or res.dtype != f32
+            or x.ndim < max(1, self.b_rank)
+            or res.shape != (*x.shape[:-1], w.shape[0])
+            or not res._data.flags.c_contiguous
+            or G.packed_panels(w) is None
+            or (ember.is_grad_enabled() and (x.requires_grad or res.requires_grad))
+        ):
+            return self.replay(x, res)
+        return Tensor._wrap(self._product(x._data, res._data))
 
 
 def _bias_of(c: np.ndarray, n: int) -> np.ndarray | None:
@@ -97,7 +182,7 @@ def _bias_of(c: np.ndarray, n: int) -> np.ndarray | None:
     return np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (n,)))
 
 
-def _fuse_matmul(rw: Rewriter, i: int) -> None:
+def _fuse_matmul(rw: Rewriter, i: int, arena: Arena) -> None:
     nd = rw.nodes[i]
     if len(nd.inputs) != 2 or nd.inputs[0] in rw.consts:
         return
@@ -115,12 +200,33 @@ def _fuse_matmul(rw: Rewriter, i: int) -> None:
             idxs.append(j)
             nodes.append(m)
             out = m.outputs[0]
-    replay = Replay(nodes, [nd.inputs[0]], out, rw.consts)
-    run = _LinearRun(_packed(w.T), b, b_rank, replay)
-    rw.replace(idxs, fused_node("Linear", [nd.inputs[0]], [out], run, nd))
+    inputs, kind = [nd.inputs[0]], _LinearRun
+    j = rw.sole_user(out)
+    m = rw.node(j)
+    if m is not None and m.op == "Add" and (o := _other(m, out)) is not None:
+        if o not in rw.consts:  # a residual computed at run time: into the GEMM's epilogue
+            idxs.append(j)
+            nodes.append(m)
+            out = m.outputs[0]
+            inputs.append(o)
+            kind = _ResidualLinearRun
+    elif m is not None and m.op == "Gelu" and m.inputs == [out] and _gelu_inplace():
+        idxs.append(j)
+        nodes.append(m)
+        out = m.outputs[0]
+        kind = _GeluLinearRun
+    replay = Replay(nodes, inputs, out, rw.consts)
+    run = kind(_packed(w.T), b, b_rank, replay, arena)
+    rw.replace(idxs, fused_node("Linear", inputs, [out], run, nd))
 
 
-def _fuse_gemm(rw: Rewriter, i: int) -> None:
+def _gelu_inplace() -> bool:
+    from ember.kernels.cpu import activation
+
+    return activation.gelu_inplace_available()
+
+
+def _fuse_gemm(rw: Rewriter, i: int, arena: Arena) -> None:
     nd = rw.nodes[i]
     at = nd.attrs
     if len(nd.inputs) < 2 or at.get("transA", 0) or nd.inputs[0] in rw.consts:
@@ -140,7 +246,7 @@ def _fuse_gemm(rw: Rewriter, i: int) -> None:
             return
         b = Tensor._wrap((bias.astype(np.float64) * beta).astype(_F32) if beta != 1.0 else bias)
     replay = Replay([nd], [nd.inputs[0]], nd.outputs[0], rw.consts)
-    run = _LinearRun(_packed(wt), b, 0, replay)
+    run = _LinearRun(_packed(wt), b, 0, replay, arena)
     rw.replace([i], fused_node("Linear", [nd.inputs[0]], [nd.outputs[0]], run, nd))
 
 
@@ -407,11 +513,12 @@ def fuse_activations(rw: Rewriter) -> None:
 def fuse(rw: Rewriter, products: bool = True) -> None:
     """Products by constant weights and attention (see the module doc)."""
     if products and G.microkernels_available():
+        arena = Arena()  # the graph's products share it
         for i, nd in enumerate(rw.nodes):
             if nd is not None and nd.op == "MatMul":
-                _fuse_matmul(rw, i)
+                _fuse_matmul(rw, i, arena)
             elif nd is not None and nd.op == "Gemm":
-                _fuse_gemm(rw, i)
+                _fuse_gemm(rw, i, arena)
         rw.index()
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Softmax":

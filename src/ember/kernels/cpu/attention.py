@@ -8,8 +8,12 @@ projections are used as they are (column slices of one fused qkv matrix too), an
 
 How: K and V are packed per (batch, head) into the panel layout of the packed-weight GEMM
 (``kernels.sgemm``: (panels, rows, NR) floats): K transposed, so that a block of queries times
-a panel is a (rows x NR) tile of scores. Each task of a numba ``prange`` takes one (batch, head,
-block of query rows); for its block it
+a panel is a (rows x NR) tile of scores. Both steps run on ember's worker pool
+(``kernels.cpu.pool``), the one the packed GEMM's products run on: the packing as one item per
+(batch, head), then one item per thread that takes (batch, head, block of query rows) tasks from
+a shared counter. (As numba ``prange`` regions, an attention right after a GEMM ran on a core
+that the pool's worker still spun on, ~0.2 ms after each job: ViT-B/16's 197-token attention
+took 0.85 ms after a GEMM against 0.61 ms alone.) For its block a task
 
 1. writes the scores S = Q_blk K^T (rows x S) with a register-blocked tile kernel of its own
    (``_tile_ir``: LLVM IR like sgemm's microkernels, but rows at a fixed stride, whole panels
@@ -194,80 +198,112 @@ def _tile_py(m, args):  # pragma: no cover - compiled
 _t1 = _t2 = _t3 = _t4 = _t5 = _t6 = _t7 = _t8 = _t9 = _t10 = _t11 = _t12 = None  # _build binds
 
 
-def _pack_kv_py(k, v, num_heads, pk, pv):  # pragma: no cover - compiled
-    """pk[b, h, j, e, c] = k[b, j*NR + c, h*D + e]; pv[b, h, p, t, c] = v[b, t, h*D + p*NR + c].
+def _pack_one_py(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk, pv):  # pragma: no cover - compiled
+    """pk[j, e, c] = k[b, j*NR + c, h*D + e]; pv[p, t, c] = v[b, t, h*D + p*NR + c] for one
+    (batch, head); k, v as flat float arrays with their (batch, row) strides in floats.
 
     Zero-padded past the last key (pk) and the last feature of a head (pv).
     """
-    nb, s_len, hd = k.shape
-    d = hd // num_heads
-    nr = pk.shape[4]
-    for task in prange(nb * num_heads):
-        b, h = task // num_heads, task % num_heads
-        c0 = h * d
-        for j in range(pk.shape[2]):  # rows of the panel outermost: contiguous writes
-            blk, kj = pk[b, h, j], k[b, j * nr :]
-            n = min(nr, s_len - j * nr)
-            for e in range(d):
-                dst = blk[e]
-                for c in range(n):
-                    dst[c] = kj[c, c0 + e]
-                for c in range(n, nr):
-                    dst[c] = 0.0
-        for p in range(pv.shape[2]):
-            blk = pv[b, h, p]
-            e0 = c0 + p * nr
-            n = min(nr, d - p * nr)
-            for t in range(s_len):
-                row, dst = v[b, t], blk[t]
-                for c in range(n):
-                    dst[c] = row[e0 + c]
-                for c in range(n, nr):
-                    dst[c] = 0.0
+    d, nr = pk.shape[1], pk.shape[2]
+    c0 = h * d
+    for j in range(pk.shape[0]):  # rows of the panel outermost: contiguous writes
+        blk = pk[j]
+        k0 = b * ks0 + j * nr * ks1 + c0
+        n = min(nr, s_len - j * nr)
+        for e in range(d):
+            dst = blk[e]
+            for c in range(n):
+                dst[c] = kf[k0 + c * ks1 + e]
+            for c in range(n, nr):
+                dst[c] = 0.0
+    for p in range(pv.shape[0]):
+        blk = pv[p]
+        e0 = b * vs0 + c0 + p * nr
+        n = min(nr, d - p * nr)
+        for t in range(s_len):
+            dst = blk[t]
+            r = e0 + t * vs1
+            for c in range(n):
+                dst[c] = vf[r + c]
+            for c in range(n, nr):
+                dst[c] = 0.0
 
 
-def _attention_py(q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, work, queue, out):  # noqa: E501  # pragma: no cover - compiled
-    """Tasks (batch, head, block of query rows): scores, softmax, P V (see the module doc).
+# descriptor words (int64) of one call, read by the pool tasks below
+(W_QA, W_QS0, W_QS1, W_LQ, W_HD, W_PK, W_NB, W_NPK, W_D, W_NR, W_PV, W_NPV, W_SLEN, W_MASK,
+ W_MASKB, W_HASMASK, W_HEADS, W_SCALE, W_ROWS, W_MR, W_WORK, W_WORKN, W_QUEUE, W_OUT, W_KA,
+ W_KS0, W_KS1, W_KSPAN, W_VA, W_VS0, W_VS1, W_VSPAN, W_WORKERS) = range(33)  # fmt: skip
+W_WORDS = 33
 
-    Each worker takes the next TASKS_PER_GRAB tasks (consecutive blocks of one head) from the
-    shared counter ``queue[0]`` until none are left, working in its scratch row ``work[w]``.
-    Scratch comes from the caller: the microkernels get raw addresses, and numba may free an
-    array it allocated here once no Python-level use is left.
+
+def _pack_items_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
+    """Pool task: pack K and V of the (batch, head) items r0..r1-1 of the call described at p."""
+    nb, nh, npk, d, nr = _ld(p, W_NB), _ld(p, W_HEADS), _ld(p, W_NPK), _ld(p, W_D), _ld(p, W_NR)
+    npv, s_len = _ld(p, W_NPV), _ld(p, W_SLEN)
+    pk = carray(_vptr(_ld(p, W_PK)), (nb, nh, npk, d, nr), np.float32)
+    pv = carray(_vptr(_ld(p, W_PV)), (nb, nh, npv, s_len, nr), np.float32)
+    kf = carray(_vptr(_ld(p, W_KA)), (_ld(p, W_KSPAN),), np.float32)
+    vf = carray(_vptr(_ld(p, W_VA)), (_ld(p, W_VSPAN),), np.float32)
+    ks0, ks1, vs0, vs1 = _ld(p, W_KS0), _ld(p, W_KS1), _ld(p, W_VS0), _ld(p, W_VS1)
+    for item in range(r0, r1):
+        b, h = item // nh, item % nh
+        _pack_one(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk[b, h], pv[b, h])
+
+
+def _attention_items_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    """Pool task: workers r0..r1-1 of the call described at p (see the module doc).
+
+    Worker w takes the next TASKS_PER_GRAB tasks (consecutive blocks of one head) from the
+    call's shared counter until none are left, working in its scratch row ``work[w]``: a thread
+    of the pool that was asleep or preempted when the call started finds fewer tasks left, and
+    the calling thread never waits for more than the tasks a late thread has claimed.
     """
-    lq = q.shape[1]
-    ntasks = q.shape[0] * num_heads * ((lq + rows - 1) // rows)
-    for w in prange(work.shape[0]):
+    nb, nh, npk, d, nr = _ld(p, W_NB), _ld(p, W_HEADS), _ld(p, W_NPK), _ld(p, W_D), _ld(p, W_NR)
+    npv, s_len, lq, hd = _ld(p, W_NPV), _ld(p, W_SLEN), _ld(p, W_LQ), _ld(p, W_HD)
+    rows, mr = _ld(p, W_ROWS), _ld(p, W_MR)
+    pk = carray(_vptr(_ld(p, W_PK)), (nb, nh, npk, d, nr), np.float32)
+    pv = carray(_vptr(_ld(p, W_PV)), (nb, nh, npv, s_len, nr), np.float32)
+    mask = carray(_vptr(_ld(p, W_MASK)), (_ld(p, W_MASKB), s_len), np.bool_)
+    work = carray(_vptr(_ld(p, W_WORK)), (_ld(p, W_WORKERS), _ld(p, W_WORKN)), np.float32)
+    out = carray(_vptr(_ld(p, W_OUT)), (nb, lq, hd), np.float32)
+    scale = np.int32(_ld(p, W_SCALE)).view(np.float32)
+    qa, qs0, qs1 = _ld(p, W_QA), _ld(p, W_QS0), _ld(p, W_QS1)
+    has_mask, queue = _ld(p, W_HASMASK), _ld(p, W_QUEUE)
+    ntasks = nb * nh * ((lq + rows - 1) // rows)
+    lds = npk * nr
+    for w in range(r0, r1):
         ws = work[w]
-        lds = pk.shape[2] * pk.shape[4]
         offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
         for r in range(rows):
             offs[rows + r] = r * lds
         while True:
-            t0 = _fetch_add(queue.ctypes.data, TASKS_PER_GRAB)
+            t0 = _fetch_add(queue, TASKS_PER_GRAB)
             if t0 >= ntasks:
                 break
             for task in range(t0, min(ntasks, t0 + TASKS_PER_GRAB)):
-                _task(task, q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, ws, out)
+                _task(task, qa, qs0, qs1, lq, hd, pk, pv, mask, has_mask != 0, nh, s_len, scale,
+                      rows, mr, ws, out)  # fmt: skip
 
 
-def _task_py(task, q, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, ws, out):  # noqa: E501  # pragma: no cover - compiled
+def _task_py(
+    task, qa, qs0, qs1, lq, hd, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, ws, out
+):  # pragma: no cover - compiled
     """One (batch, head, block of query rows) task in the worker's scratch ws: the block's
     scores (rows x lds floats), then the row offsets of its queries and of its score rows
-    (2 * rows int64, the second half filled by the caller), then 1 / sum per row."""
-    lq, hd = q.shape[1], q.shape[2]
+    (2 * rows int64, the second half filled by the caller), then 1 / sum per row. q: its
+    address and (batch, row) strides in floats (a strided view: a column slice of qkv)."""
     d = hd // num_heads
     nr = pk.shape[4]
     lds = pk.shape[2] * nr  # score row stride: the keys rounded up to whole panels
     nblk = (lq + rows - 1) // rows
     b, h, r0 = task // (num_heads * nblk), (task // nblk) % num_heads, (task % nblk) * rows
     m = min(rows, lq - r0)
-    qs0, qs1 = q.strides[0] // 4, q.strides[1] // 4  # q may be a strided view (column slice)
     os0, os1 = out.strides[0] // 4, out.strides[1] // 4
     ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
     sc = ws[: rows * lds].reshape((rows, lds))
     offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
     inv = ws[rows * lds + 4 * rows : rows * lds + 5 * rows]
-    qa, sa, oa = q.ctypes.data, sc.ctypes.data, out.ctypes.data
+    sa, oa = sc.ctypes.data, out.ctypes.data
     ros = offs.ctypes.data + rows * 8
     # 1. scores: the block's query rows (q's row stride) times each panel of K^T (D deep),
     # whole panels (the score rows are padded to lds; the zero keys past s_len are never read)
@@ -341,18 +377,18 @@ def _masked_exp_py(s, ok, n, mx, scale):  # pragma: no cover - compiled
 
 prange = range
 _expf = _softmax_ext = _softmax_row = _masked_max = _masked_exp = _fetch_add = _task = None
-_tile = None
+_tile = _pack_one = _ld = _vptr = carray = None  # bound by _build
 TASKS_PER_GRAB = 2  # blocks a worker takes from the queue at a time (one head's, mostly)
 
 
 def _build() -> dict:
     """Compile (or load from numba's cache) the kernels; {} without numba or microkernels."""
     from ember.kernels.cpu import gemm as G
-    from ember.kernels.cpu import vecmath
+    from ember.kernels.cpu import pool, vecmath
 
     nb = numba_or_none()
     micro = G.microkernel()
-    if nb is None or micro is None or vecmath.symbols() is None:
+    if nb is None or micro is None or vecmath.symbols() is None or pool.state() is None:
         return {}
     tile, mr, nr = micro  # the microkernels are compiled and their symbols registered by now
     g = globals()
@@ -368,20 +404,23 @@ def _build() -> dict:
     # the sums may be reassociated (vectorized); no "no-NaN/no-inf" flags: masked keys are -inf
     fm = {"reassoc", "contract", "arcp", "nsz"}
     inline = dict(cache=True, nogil=True, inline="always")
-    g.update(_micro=tile, prange=nb.prange, _expf=nb.njit(**inline)(expf))
+    g.update(_micro=tile, _expf=nb.njit(**inline)(expf), carray=nb.carray)
+    g["_ld"], g["_vptr"] = pool.intrinsics()
+    g["_pack_one"] = nb.njit(**inline)(_pack_one_py)
     g["_tile"] = nb.njit(**inline)(_tile_py)
     for name in ("_softmax_row", "_masked_max", "_masked_exp"):
         g[name] = nb.njit(fastmath=fm, **inline)(g[name + "_py"])
     # these two link sgemm's microkernels and vecmath's symbols: cache them under names keyed
     # on those modules' source (vecmath.keyed)
     g["_task"] = nb.njit(fastmath=fm, cache=True, nogil=True)(vecmath.keyed(_task_py, G, vecmath))
-    par = dict(cache=True, nogil=True, parallel=True)
-    return {
-        "mr": mr,
-        "nr": nr,
-        "pack": nb.njit(**par)(_pack_kv_py),
-        "attention": nb.njit(fastmath=fm, **par)(vecmath.keyed(_attention_py, G, vecmath)),
+    sig = nb.types.void(*([i8] * 12))  # the pool's task signature (kernels.cpu.pool)
+    tasks = {
+        "pack": nb.cfunc(sig, nopython=True, cache=True)(_pack_items_py),
+        "attention": nb.cfunc(sig, nopython=True, cache=True, fastmath=fm)(
+            vecmath.keyed(_attention_items_py, G, vecmath)
+        ),
     }
+    return {"mr": mr, "nr": nr, "tasks": tasks, **{k: t.address for k, t in tasks.items()}}
 
 
 def _kernels() -> dict:
@@ -409,6 +448,10 @@ def _check(q, k, v, num_heads: int, key_mask) -> None:
         )
 
 
+def _strided_ok(a: np.ndarray) -> bool:
+    return a.strides[2] == 4 and all(st >= 0 and st % 4 == 0 for st in a.strides[:2])
+
+
 def attention(
     q, k, v, num_heads: int, scale: float | None = None, key_mask=None, out=None
 ) -> np.ndarray:
@@ -425,35 +468,56 @@ def attention(
     d = hd // num_heads
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kern = _kernels()
-    if not kern or lq == 0 or s_len == 0 or not all(a.strides[-1] == 4 for a in (q, k, v)):
+    if kern:  # the tasks read q, k, v by (batch, row) strides of whole floats, forwards
+        q, k, v = (a if _strided_ok(a) else np.ascontiguousarray(a) for a in (q, k, v))
+    if not kern or lq == 0 or s_len == 0:
         y = attention_reference(q, k, v, num_heads, scale, key_mask)
         if out is None:
             return y
         out[...] = y
         return out
-    from ember.kernels.cpu import workspace
+    from ember.kernels.cpu import pool, workspace
     from ember.threads import get_num_threads
 
     ws = workspace.local()  # internal buffers: the same memory from call to call
     mr, nr = kern["mr"], kern["nr"]
     pk = ws("attention.k", (b, num_heads, -(-s_len // nr), d, nr))
     pv = ws("attention.v", (b, num_heads, -(-d // nr), s_len, nr))
-    kern["pack"](k, v, num_heads, pk, pv)
     rows = max(mr, min(8 * mr, SCORE_BLOCK_BYTES // (4 * s_len) // mr * mr))
     threads = get_num_threads()
     while rows > mr and b * num_heads * -(-lq // rows) < 2 * threads:
         rows -= mr  # few (batch, head) pairs: smaller blocks, so every thread has work
-    has_mask = key_mask is not None
-    mask = np.ascontiguousarray(key_mask, np.bool_) if has_mask else np.ones((1, 1), np.bool_)
+    # a mask that keeps every key (a padded batch without padding) is no mask: the masked
+    # softmax is a scalar loop (MiniLM b1, 128 tokens: 0.25 vs 0.15 ms per layer)
+    has_mask = key_mask is not None and not np.all(key_mask)
+    mask = np.ascontiguousarray(key_mask, np.bool_) if has_mask else np.ones((1, s_len), np.bool_)
     workers = max(1, min(threads, b * num_heads * -(-lq // rows)))
-    work = ws("attention.work", (workers, rows * pk.shape[2] * nr + 5 * rows))  # _attention_py
+    work = ws("attention.work", (workers, rows * pk.shape[2] * nr + 5 * rows))  # _task_py
     if out is None:
         out = np.empty((b, lq, hd), _F32)
     elif out.shape != (b, lq, hd) or out.dtype != _F32 or not out.flags.c_contiguous:
         raise ValueError(f"attention: out must be a contiguous float32 {(b, lq, hd)} array")
-    queue = np.zeros(1, np.int64)  # the next task (see _attention_py)
-    args = (mask, has_mask, num_heads, s_len, _F32(scale), rows, mr, work, queue, out)
-    kern["attention"](q, pk, pv, *args)
+    queue = np.zeros(1, np.int64)  # the next task (see _attention_items_py)
+    desc = np.empty(W_WORDS, np.int64)
+    desc[W_QA], desc[W_QS0], desc[W_QS1] = q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4
+    desc[W_LQ], desc[W_HD], desc[W_NB], desc[W_HEADS], desc[W_D] = lq, hd, b, num_heads, d
+    desc[W_PK], desc[W_NPK], desc[W_NR] = pk.ctypes.data, pk.shape[2], nr
+    desc[W_PV], desc[W_NPV], desc[W_SLEN] = pv.ctypes.data, pv.shape[2], s_len
+    desc[W_MASK], desc[W_MASKB], desc[W_HASMASK] = mask.ctypes.data, mask.shape[0], has_mask
+    desc[W_SCALE] = int(_F32(scale).view(np.int32))
+    desc[W_ROWS], desc[W_MR], desc[W_QUEUE], desc[W_OUT] = (
+        rows,
+        mr,
+        queue.ctypes.data,
+        out.ctypes.data,
+    )
+    desc[W_WORK], desc[W_WORKN], desc[W_WORKERS] = work.ctypes.data, work.shape[1], workers
+    for i, a in ((W_KA, k), (W_VA, v)):  # k, v: flat from their first float to their last
+        s0, s1 = a.strides[0] // 4, a.strides[1] // 4
+        desc[i], desc[i + 1], desc[i + 2] = a.ctypes.data, s0, s1
+        desc[i + 3] = (b - 1) * s0 + (s_len - 1) * s1 + hd
+    pool.run_items(kern["pack"], desc.ctypes.data, b * num_heads)
+    pool.run_items(kern["attention"], desc.ctypes.data, workers)
     return out
 
 

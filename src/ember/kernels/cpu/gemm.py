@@ -668,6 +668,19 @@ def _linear_applies(x, w, b=None) -> bool:
 )
 def linear_packed(x: np.ndarray, w: PackedWeight, b: np.ndarray | None = None) -> np.ndarray:
     """x @ w.T + b on w's panels (bias in the GEMM's epilogue): no packing, no BLAS call."""
+    return linear_packed_residual(x, w, b, None)
+
+
+def linear_packed_residual(
+    x: np.ndarray,
+    w: PackedWeight,
+    b: np.ndarray | None,
+    res: np.ndarray | None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """x @ w.T + b + res, res added in the GEMM's epilogue (a C-contiguous float32 array of the
+    result's shape, or None); w must carry panels (``packed_panels``). out: a C-contiguous
+    float32 (rows, out_features) array to write into (default: a new one)."""
     o, k = w.shape
     lead = x.shape[:-1]
     x2 = np.ascontiguousarray(x.reshape(-1, k))
@@ -678,8 +691,12 @@ def linear_packed(x: np.ndarray, w: PackedWeight, b: np.ndarray | None = None) -
             _ROWS.clear()
         rows = _ROWS[m, k] = np.arange(m, dtype=np.int64) * k
     bias = np.zeros(o, np.float32) if b is None else np.ascontiguousarray(b)
-    out = np.empty((m, o), np.float32)
-    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, None, 0, out, (0, (m - 1) * k))
+    if out is None:
+        out = np.empty((m, o), np.float32)
+    elif out.shape != (m, o) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ShapeError(f"linear: out must be a contiguous float32 {(m, o)} array")
+    r = None if res is None else res.reshape(m, o)
+    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, r, 0, out, (0, (m - 1) * k))
     return out.reshape(*lead, o)
 
 

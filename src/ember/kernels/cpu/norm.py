@@ -12,6 +12,7 @@ import numpy as np
 
 from ember.kernels.cpu import have_numba, jit
 from ember.kernels.registry import register
+from ember.threads import get_num_threads
 
 _F32 = np.float32
 
@@ -58,16 +59,17 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None = None, *, n: int, eps: float) 
 # --- layer_norm ------------------------------------------------------------------------------
 # The ``layer_norm`` op's kernel (``ember.nn.functional.layer_norm`` over the last dim): one
 # pass per row for the mean, one for the variance and the affine, float32 sums vectorized. It
-# runs on the calling thread (between BLAS calls, where a hand-over to numba's threads costs
-# more than a sentence's rows take) until x has LAYER_NORM_PARALLEL elements (an audio
-# window's 1500 x 384), then on numba's threads.
-LAYER_NORM_PARALLEL = 1 << 18
-prange = range  # numba.prange once the kernels are built
+# runs on the calling thread until x has LAYER_NORM_PARALLEL elements, then as blocks of rows on
+# ember's worker pool (``kernels.cpu.pool``), where the GEMMs around it run: as a numba
+# ``prange`` region its second thread waited for the core the pool's worker spins on after a
+# product (~0.2 ms), so it ran one-threaded below an audio window's 1500 x 384.
+LAYER_NORM_PARALLEL = 1 << 16
+POOL_ELEMENTS = 1 << 16  # elements a pool task normalises at most (~40 us)
 
 
-def _layer_norm_rows(x, w, b, eps, out):  # pragma: no cover - compiled
-    rows, n = x.shape
-    for r in prange(rows):
+def _layer_norm_rows(x, w, b, eps, out, r0, r1):  # pragma: no cover - compiled
+    n = x.shape[1]
+    for r in range(r0, r1):
         xr, yr = x[r], out[r]
         mu = np.float32(0.0)
         for c in range(n):
@@ -82,18 +84,37 @@ def _layer_norm_rows(x, w, b, eps, out):  # pragma: no cover - compiled
             yr[c] = (xr[c] - mu) * rstd * w[c] + b[c]
 
 
+def _layer_norm_items_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    """Pool task: rows r0..r1-1 of the call described at p (x, w, b, out, rows, n, eps)."""
+    rows, n = _ld(p, 4), _ld(p, 5)
+    x = carray(_vptr(_ld(p, 0)), (rows, n), np.float32)
+    w = carray(_vptr(_ld(p, 1)), (n,), np.float32)
+    b = carray(_vptr(_ld(p, 2)), (n,), np.float32)
+    out = carray(_vptr(_ld(p, 3)), (rows, n), np.float32)
+    _ln_rows(x, w, b, np.int32(_ld(p, 6)).view(np.float32), out, r0, r1)
+
+
+_ln_rows = _ld = _vptr = carray = None  # bound by _layer_norm_kernels
 _LN: dict = {}
 
 
-def _layer_norm_kernel(parallel: bool):
+def _layer_norm_kernels() -> dict:
+    """{"serial": the rows on the calling thread, "task": the pool task's address or 0}."""
     if not _LN:
-        from ember.kernels.cpu import numba_or_none
+        from ember.kernels.cpu import numba_or_none, pool
 
-        globals()["prange"] = numba_or_none().prange
+        nb = numba_or_none()
         fm = {"reassoc", "contract", "arcp", "nsz"}  # the row sums vectorize
-        _LN[False] = jit(_layer_norm_rows, fastmath=fm)
-        _LN[True] = jit(_layer_norm_rows, suffix="parallel", fastmath=fm, parallel=True)
-    return _LN[parallel]
+        g = globals()
+        g["_ln_rows"] = nb.njit(cache=True, nogil=True, fastmath=fm)(_layer_norm_rows)
+        _LN["serial"], _LN["task"] = g["_ln_rows"], 0
+        if pool.state() is not None:
+            g["_ld"], g["_vptr"] = pool.intrinsics()
+            g["carray"] = nb.carray
+            sig = nb.types.void(*([nb.types.int64] * 12))
+            task = nb.cfunc(sig, nopython=True, cache=True)(_layer_norm_items_py)
+            _LN["cfunc"], _LN["task"] = task, task.address
+    return _LN
 
 
 def layer_norm_reference(x, *wb, view, axes, eps, pshape, has_w, has_b, stats=None, sink=None):
@@ -126,6 +147,18 @@ def layer_norm(x, *wb, view, axes, eps, pshape, has_w, has_b, stats=None, sink=N
     x2 = np.ascontiguousarray(x).reshape(-1, d)
     w = wb[0].reshape(d) if has_w else np.ones(d, _F32)
     b = wb[-1].reshape(d) if has_b else np.zeros(d, _F32)
+    w, b = np.ascontiguousarray(w, _F32), np.ascontiguousarray(b, _F32)
     out = np.empty(x2.shape, _F32)
-    _layer_norm_kernel(x2.size >= LAYER_NORM_PARALLEL)(x2, w, b, _F32(eps), out)
+    k = _layer_norm_kernels()
+    rows = x2.shape[0]
+    threads = get_num_threads()
+    if x2.size >= LAYER_NORM_PARALLEL and k["task"] and threads > 1:
+        from ember.kernels.cpu import pool
+
+        desc = np.array([x2.ctypes.data, w.ctypes.data, b.ctypes.data, out.ctypes.data, rows, d,
+                         int(_F32(eps).view(np.int32))], np.int64)  # fmt: skip
+        per = max(1, min(-(-rows // (4 * threads)), POOL_ELEMENTS // max(d, 1)))
+        pool.run_items(k["task"], desc.ctypes.data, rows, per)
+    else:
+        k["serial"](x2, w, b, _F32(eps), out, 0, rows)
     return out.reshape(x.shape)

@@ -438,6 +438,37 @@ def run_items(fn: int, desc: int, items: int, chunk: int = 1) -> None:
     run_groups((desc, 0, 0, 0, 0), [(fn, 0, 0)], items, chunk)
 
 
+_INTRINSICS: list = []
+
+
+def intrinsics():
+    """(ld, vptr) for numba task functions that read a descriptor: ``ld(addr, i)`` the int64 at
+    addr + 8 * i, ``vptr(addr)`` an address as a void pointer (for ``numba.carray``)."""
+    if _INTRINSICS:
+        return _INTRINSICS[0]
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def ld(typingctx, addr, index):
+        def codegen(context, builder, signature, args):
+            ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+            return builder.load(builder.gep(ptr, [args[1]]))
+
+        return types.int64(types.int64, types.int64), codegen
+
+    @intrinsic
+    def vptr(typingctx, addr):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+        return types.voidptr(types.int64), codegen
+
+    _INTRINSICS.append((ld, vptr))
+    return ld, vptr
+
+
 def reconfigure() -> None:
     """Take the thread count (``ember.set_num_threads``) into account at the next job."""
     _STATE["configured"] = False
