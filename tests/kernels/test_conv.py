@@ -280,3 +280,23 @@ def test_depthwise_conv_trains_on_the_kernel_and_matches_torch(monkeypatch):
     np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
     for e, t in ((ex, tx), (ew, tw), (eb, tb)):
         np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "n,h,w,c,kh,kw,o", [(1, 5, 7, 24, 2, 2, 1), (2, 3, 4, 5, 3, 2, 2), (1, 1, 9, 1, 2, 3, 1)]
+)
+def test_conv_transpose_direct_matches_reference(n, h, w, c, kh, kw, o):
+    x, wt, bias = _r(n, h, w, c), _r(kh, kw * o, c), _r(kh * kw * o)
+    for act in (0, 1, 2):
+        got = np.full((n, h * kh, w * kw, o), np.nan, np.float32)
+        want = np.empty_like(got)
+        K.conv_transpose(x, wt, bias, got, act)
+        K.conv_transpose_reference(x, wt, bias, want, act)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the reference against the definition: out[i*kh + a, j*kw + b, q] = sum_c x[i, j, c] w[...]
+    K.conv_transpose_reference(x, wt, bias, want, 0)
+    ref = (
+        np.einsum("nijc,abqc->niajbq", x, wt.reshape(kh, kw, o, c))
+        + bias.reshape(kh, kw, o)[:, None]
+    )
+    np.testing.assert_allclose(want, ref.reshape(want.shape), rtol=1e-5, atol=1e-5)

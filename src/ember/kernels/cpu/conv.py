@@ -285,6 +285,28 @@ def _build_nhwc(nb):
         return out
 
     @nb.njit(parallel=True, **opts)
+    def convt_small(x, wt, bias, out, act):  # pragma: no cover - compiled
+        n, h, w, c = x.shape
+        kh, q_n = wt.shape[0], wt.shape[1]
+        xf, wf, of = x.reshape(-1), wt.reshape(-1), out.reshape(-1)
+        for r in nb.prange(n * h):
+            for j in range(w):
+                xs = (r * w + j) * c
+                for a in range(kh):
+                    ds = ((r * kh + a) * w + j) * q_n
+                    for q in range(q_n):
+                        ws = (a * q_n + q) * c
+                        acc = bias[a * q_n + q]
+                        for t in range(c):  # unsigned indices: no wraparound, it vectorises
+                            acc += xf[np.uint64(xs + t)] * wf[np.uint64(ws + t)]
+                        if act == 1:
+                            acc = max(acc, np.float32(0))
+                        elif act == 2:
+                            acc = min(max(acc, np.float32(0)), np.float32(6))
+                        of[np.uint64(ds + q)] = acc
+        return out
+
+    @nb.njit(parallel=True, **opts)
     def post(y, act, scale, shift):  # pragma: no cover - compiled
         for r in nb.prange(y.shape[0]):
             _post_rows(y, act, scale, shift, r, r + 1)
@@ -299,6 +321,7 @@ def _build_nhwc(nb):
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial, "window_rows": window_rows,
+        "convt_small": convt_small,
     }  # fmt: skip
 
 
@@ -371,6 +394,26 @@ def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
     if k is None:
         return maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl)
     return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl)
+
+
+def conv_transpose_reference(x, wt, bias, out, act: int) -> np.ndarray:
+    """x (N, H, W, C), wt (kh, kw*O, C), bias (kh*kw*O,) -> out (N, H*kh, W*kw, O): a
+    transposed conv whose kernel is its stride (act 0 none, 1 ReLU, 2 ReLU6)."""
+    n, h, w, c = x.shape
+    kh, q_n = wt.shape[:2]
+    y = np.einsum("nhwc,aqc->nhawq", x, wt) + bias.reshape(kh, q_n)[:, None, :]
+    out.reshape(n, h, kh, w, q_n)[...] = _act_reference(y.astype(_F32), act)
+    return out
+
+
+def conv_transpose(x, wt, bias, out, act: int) -> np.ndarray:
+    """``conv_transpose_reference`` as one numba pass, output pixel rows in parallel: for
+    narrow outputs (PP-OCR's last upsampling, one channel) instead of the packed GEMM, whose
+    32-column panel would be mostly padding, and the depth-to-space copy after it."""
+    k = _kernels()
+    if k is None:
+        return conv_transpose_reference(x, wt, bias, out, act)
+    return k["convt_small"](x, wt, bias, out, act)
 
 
 def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
