@@ -300,3 +300,12 @@ def test_conv_transpose_direct_matches_reference(n, h, w, c, kh, kw, o):
         + bias.reshape(kh, kw, o)[:, None]
     )
     np.testing.assert_allclose(want, ref.reshape(want.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,m,c", [(1, 25600, 96), (3, 49, 2048), (2, 1, 5), (1, 63, 7), (2, 0, 3)])
+def test_channel_mean_matches_float64(n, m, c):
+    x = _r(n, m, c) + 3.0  # an offset: float32 running sums would drift
+    got = K.channel_mean(x)
+    assert got.dtype == np.float32 and got.shape == (n, c)
+    if m:
+        np.testing.assert_allclose(got, x.astype(np.float64).mean(axis=1), rtol=1e-6, atol=1e-6)

@@ -145,6 +145,22 @@ def test_conv_activation_then_scalar_affine_then_conv(act, depthwise):
         assert _ops(fast) == ["FusedConv", "FusedConv"], _ops(fast)
 
 
+def test_squeeze_excite_global_pool_of_channels_last_conv_output():
+    """PP-OCR's SE blocks: GlobalAveragePool of a fused conv's (channels-last) result, a 1x1 conv
+    on the (n, c, 1, 1) means, HardSigmoid, and the scale of the conv's output."""
+    c = 7
+    inits = [_t("w", _r(c, 3, 3, 3, scale=0.3)), _t("w2", _r(c, c, 1, 1))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["y"], ["m"]),
+        helper.make_node("Conv", ["m", "w2"], ["e"]),
+        helper.make_node("HardSigmoid", ["e"], ["g"]),
+        helper.make_node("Mul", ["y", "g"], ["out"]),
+    ]
+    m = _model(nodes, [("x", F32, ["n", 3, 9, 11])], ["out", "m"], inits)
+    _both(m, [{"x": _r(n, 3, 9, 11)} for n in (1, 3)])
+
+
 def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     c, o = 5, 7
     inits = [_t("w", _r(o, c, 3, 3, scale=0.3)), _t("b", _r(o)), _t("w2", _r(o, c, 1, 1))]

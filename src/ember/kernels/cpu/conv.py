@@ -307,6 +307,21 @@ def _build_nhwc(nb):
         return out
 
     @nb.njit(parallel=True, **opts)
+    def channel_sums(x, parts):  # pragma: no cover - compiled
+        n, m, c = x.shape
+        nb_ = parts.shape[1]
+        for task in nb.prange(n * nb_):
+            b, k = task // nb_, task % nb_
+            acc = parts[b, k]
+            for t in range(c):
+                acc[t] = 0.0
+            for r in range(m * k // nb_, m * (k + 1) // nb_):
+                row = x[b, r]
+                for t in range(c):
+                    acc[t] += row[t]
+        return parts
+
+    @nb.njit(parallel=True, **opts)
     def post(y, act, scale, shift):  # pragma: no cover - compiled
         for r in nb.prange(y.shape[0]):
             _post_rows(y, act, scale, shift, r, r + 1)
@@ -321,7 +336,7 @@ def _build_nhwc(nb):
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial, "window_rows": window_rows,
-        "convt_small": convt_small,
+        "convt_small": convt_small, "channel_sums": channel_sums,
     }  # fmt: skip
 
 
@@ -414,6 +429,25 @@ def conv_transpose(x, wt, bias, out, act: int) -> np.ndarray:
     if k is None:
         return conv_transpose_reference(x, wt, bias, out, act)
     return k["convt_small"](x, wt, bias, out, act)
+
+
+def channel_mean(x: np.ndarray) -> np.ndarray:
+    """x (N, M, C) contiguous float32 -> (N, C) float32: the mean over M, summed in float64.
+
+    A channels-last global average pool: numpy's reduction over the middle axis ran at ~12 GB/s
+    (0.8 ms for PP-OCRv4 det's 96x160x160 map); here row blocks are summed in parallel, a
+    vector of C float64 sums per block.
+    """
+    k = _kernels()
+    n, m, c = x.shape
+    if m == 0:
+        return np.full(
+            (n, c), np.nan, _F32
+        )  # the mean of nothing, as numpy's (without its warning)
+    if k is None:
+        return x.mean(axis=1, dtype=np.float64).astype(_F32)
+    parts = np.empty((n, max(1, min(8, m // 64)), c), np.float64)
+    return (k["channel_sums"](x, parts).sum(axis=1) / m).astype(_F32)
 
 
 def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
