@@ -7,7 +7,9 @@ depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the 
 ``max_pool2d`` of channels-last data the NHWC max pool; a 1-D ``conv2d`` (conv1d, e.g. Whisper's
 stem) with a plain weight runs on the same GEMM, its weight packed per call (``conv1d_gemm``).
 Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, L) view of
-(N, L, C) for conv1d), which the next of these kernels reads without a copy.
+(N, L, C) for conv1d), which the next of these kernels reads without a copy. For the ONNX
+importer's nodes around them: ``conv_transpose`` (a narrow transposed conv whose kernel is its
+stride, one direct pass) and ``channel_mean`` (the global average pool of channels-last data).
 Depthwise conv (and the post pass) run their rows as tasks on ember's worker pool
 (kernels.cpu.pool_tasks), max pooling and copy4d over numba's threads; im2col (each
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
@@ -422,7 +424,8 @@ def conv_transpose_reference(x, wt, bias, out, act: int) -> np.ndarray:
 
 
 def conv_transpose(x, wt, bias, out, act: int) -> np.ndarray:
-    """``conv_transpose_reference`` as one numba pass, output pixel rows in parallel: for
+    """``conv_transpose_reference`` (contiguous float32 operands) as one numba pass, input
+    pixel rows in parallel: for
     narrow outputs (PP-OCR's last upsampling, one channel) instead of the packed GEMM, whose
     32-column panel would be mostly padding, and the depth-to-space copy after it."""
     k = _kernels()
@@ -440,10 +443,8 @@ def channel_mean(x: np.ndarray) -> np.ndarray:
     """
     k = _kernels()
     n, m, c = x.shape
-    if m == 0:
-        return np.full(
-            (n, c), np.nan, _F32
-        )  # the mean of nothing, as numpy's (without its warning)
+    if m == 0:  # the mean of nothing is NaN, as numpy's (without its warning)
+        return np.full((n, c), np.nan, _F32)
     if k is None:
         return x.mean(axis=1, dtype=np.float64).astype(_F32)
     parts = np.empty((n, max(1, min(8, m // 64)), c), np.float64)
