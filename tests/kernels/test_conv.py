@@ -66,6 +66,8 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
 
 CONV_CASES = [  # n, cin, cout, (kh, kw), stride, pads (t, b, l, r), hw
     (2, 3, 8, (7, 7), (2, 2), (3, 3, 3, 3), (17, 14)),  # the stem: window rows (few channels)
+    (2, 3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (9, 10)),  # PP-OCR's stem: 3x3 s2 on window rows
+    (1, 5, 8, (3, 3), (2, 2), (0, 1, 0, 1), (8, 7)),  # few channels, uneven padding
     (1, 8, 16, (1, 1), (1, 1), (0, 0, 0, 0), (5, 6)),  # 1x1 read in place
     (1, 20, 40, (1, 1), (2, 2), (0, 0, 0, 0), (7, 9)),  # strided 1x1 in place
     (2, 20, 33, (3, 3), (1, 1), (1, 1, 1, 1), (6, 7)),  # padded, partial panel
@@ -88,6 +90,21 @@ def _conv_cases(with_res: bool):
             cases.append(((_cl(x), *args[1:]), kw))  # channels-last input, read in place
             cases.append((args, {**kw, "scale": 0.7, "shift": -0.25}))  # then a scale/shift
     return cases
+
+
+@pytest.mark.parametrize(
+    "n,c,h,w,kw,sw,pads",
+    [(2, 3, 9, 11, 3, 2, (1, 1, 1, 1)), (1, 1, 5, 7, 7, 2, (3, 2, 3, 0)),
+     (3, 5, 4, 6, 2, 1, (0, 0, 0, 0)), (1, 3, 8, 8, 3, 2, (0, 1, 0, 1))],
+)  # fmt: skip
+def test_window_rows_match_numpy(n, c, h, w, kw, sw, pads):
+    ow = (w + pads[2] + pads[3] - kw) // sw + 1
+    x = _r(n, c, h, w)
+    want = K._window_rows(x.astype(np.float64), kw, sw, ow, pads).copy()  # numpy path
+    for xx in (x, _cl(x)):  # NCHW and channels-last input, read in place
+        got = K._window_rows(xx, kw, sw, ow, pads)
+        assert got.shape == (n, h + pads[0] + pads[1], ow, kw * c)
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("with_res", [False, True])
@@ -263,3 +280,32 @@ def test_depthwise_conv_trains_on_the_kernel_and_matches_torch(monkeypatch):
     np.testing.assert_allclose(y.detach().numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
     for e, t in ((ex, tx), (ew, tw), (eb, tb)):
         np.testing.assert_allclose(e.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "n,h,w,c,kh,kw,o", [(1, 5, 7, 24, 2, 2, 1), (2, 3, 4, 5, 3, 2, 2), (1, 1, 9, 1, 2, 3, 1)]
+)
+def test_conv_transpose_direct_matches_reference(n, h, w, c, kh, kw, o):
+    x, wt, bias = _r(n, h, w, c), _r(kh, kw * o, c), _r(kh * kw * o)
+    for act in (0, 1, 2):
+        got = np.full((n, h * kh, w * kw, o), np.nan, np.float32)
+        want = np.empty_like(got)
+        K.conv_transpose(x, wt, bias, got, act)
+        K.conv_transpose_reference(x, wt, bias, want, act)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the reference against the definition: out[i*kh + a, j*kw + b, q] = sum_c x[i, j, c] w[...]
+    K.conv_transpose_reference(x, wt, bias, want, 0)
+    ref = (
+        np.einsum("nijc,abqc->niajbq", x, wt.reshape(kh, kw, o, c))
+        + bias.reshape(kh, kw, o)[:, None]
+    )
+    np.testing.assert_allclose(want, ref.reshape(want.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,m,c", [(1, 25600, 96), (3, 49, 2048), (2, 1, 5), (1, 63, 7), (2, 0, 3)])
+def test_channel_mean_matches_float64(n, m, c):
+    x = _r(n, m, c) + 3.0  # an offset: float32 running sums would drift
+    got = K.channel_mean(x)
+    assert got.dtype == np.float32 and got.shape == (n, c)
+    if m:
+        np.testing.assert_allclose(got, x.astype(np.float64).mean(axis=1), rtol=1e-6, atol=1e-6)

@@ -145,6 +145,22 @@ def test_conv_activation_then_scalar_affine_then_conv(act, depthwise):
         assert _ops(fast) == ["FusedConv", "FusedConv"], _ops(fast)
 
 
+def test_squeeze_excite_global_pool_of_channels_last_conv_output():
+    """PP-OCR's SE blocks: GlobalAveragePool of a fused conv's (channels-last) result, a 1x1 conv
+    on the (n, c, 1, 1) means, HardSigmoid, and the scale of the conv's output."""
+    c = 7
+    inits = [_t("w", _r(c, 3, 3, 3, scale=0.3)), _t("w2", _r(c, c, 1, 1))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["y"], ["m"]),
+        helper.make_node("Conv", ["m", "w2"], ["e"]),
+        helper.make_node("HardSigmoid", ["e"], ["g"]),
+        helper.make_node("Mul", ["y", "g"], ["out"]),
+    ]
+    m = _model(nodes, [("x", F32, ["n", 3, 9, 11])], ["out", "m"], inits)
+    _both(m, [{"x": _r(n, 3, 9, 11)} for n in (1, 3)])
+
+
 def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     c, o = 5, 7
     inits = [_t("w", _r(o, c, 3, 3, scale=0.3)), _t("b", _r(o)), _t("w2", _r(o, c, 1, 1))]
@@ -165,10 +181,15 @@ def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     assert "Relu" in _ops(fast)  # y2 has two readers: its Relu is not fused into the conv
 
 
-@pytest.mark.parametrize("k,s,pads,bias", [(2, 2, [0, 0, 0, 0], True), (3, 3, [0, 0, 0, 0], False),
-                                           (2, 1, [0, 0, 0, 0], True), (2, 2, [1, 0, 1, 0], True)])  # fmt: skip
-def test_conv_transpose_with_kernel_equal_to_stride(k, s, pads, bias):
-    c, o = 5, 7
+@pytest.mark.parametrize("k,s,pads,bias,o", [(2, 2, [0, 0, 0, 0], True, 7), (3, 3, [0, 0, 0, 0], False, 7),
+                                             (2, 1, [0, 0, 0, 0], True, 7), (2, 2, [1, 0, 1, 0], True, 7),
+                                             (2, 2, [0, 0, 0, 0], True, 1), (3, 3, [0, 0, 0, 0], False, 1),
+                                             (2, 2, [0, 0, 0, 0], False, 3)])  # fmt: skip
+@pytest.mark.parametrize("act", ["Relu", "HardSwish"])
+def test_conv_transpose_with_kernel_equal_to_stride(k, s, pads, bias, o, act):
+    """o 7: the GEMM and depth-to-space copy; o 1 and 3 (kh*kw*o < 16): the direct loop; ReLU
+    in the kernels, hard swish after them."""
+    c = 5
     inits = [_t("w0", _r(c, 3, 3, 3, scale=0.3)), _t("w", _r(c, o, k, k)), _t("b", _r(o)),
              _t("g", _r(o)), _t("be", _r(o)), _t("mu", _r(o)), _t("v", np.abs(_r(o)) + 0.5),
              _t("sh", _r(1, o, 1, 1))]  # fmt: skip
@@ -178,7 +199,7 @@ def test_conv_transpose_with_kernel_equal_to_stride(k, s, pads, bias):
         helper.make_node("ConvTranspose", ct_in, ["y"], strides=[s, s], pads=pads),
         helper.make_node("Add", ["y", "sh"], ["ya"]),
         helper.make_node("BatchNormalization", ["ya", "g", "be", "mu", "v"], ["bn"]),
-        helper.make_node("Relu", ["bn"], ["out"]),
+        helper.make_node(act, ["bn"], ["out"]),
     ]
     m = _model(nodes, [("x", F32, ["n", 3, 6, 5])], ["out"], inits)
     fast = _both(m, [{"x": _r(n, 3, 6, 5)} for n in (1, 3)])
