@@ -307,6 +307,11 @@ def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
 
         pool_tasks.depthwise(x, w, bias, out, sh, sw, pt, pl, act, get_num_threads())
         return out
+    from ember.kernels.cpu import dwconv
+
+    v = dwconv.state()  # the vector kernels (numba's loop where they do not build)
+    if v is not None:
+        return v["serial" if small else "parallel"](x, w, bias, out, sh, sw, pt, pl, act)
     return k["depthwise_serial" if small else "depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
 
 

@@ -141,7 +141,10 @@ def _build(nb) -> dict:
     g = globals()
     i64 = types.int64
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), carray=nb.carray)
-    g.update(_dw_rows=conv._dw_rows, _post_rows=conv._post_rows)
+    from ember.kernels.cpu import dwconv
+
+    # the depthwise rows on dwconv's vector kernels (they build wherever the GEMM's do)
+    g.update(_dw_rows=dwconv.state()["rows"], _post_rows=conv._post_rows)
     pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
     sig = types.void(*([i64] * 12))
     tasks = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
