@@ -248,6 +248,17 @@ def _build_nhwc(nb):
                                 acc[t] = v
         return out
 
+    @nb.njit(**opts)
+    def nchw_to_nhwc(src, dst):  # pragma: no cover - compiled
+        n, c, h, w = src.shape
+        for b in range(n):
+            for y in range(h):
+                d = dst[b, y]
+                for ch in range(c):  # contiguous reads, a C-strided write
+                    s = src[b, ch, y]
+                    for x in range(w):
+                        d[x, ch] = s[x]
+
     @nb.njit(parallel=True, **opts)
     def copy4d(src, dst):  # pragma: no cover - compiled
         n, h, w, c = dst.shape
@@ -272,7 +283,7 @@ def _build_nhwc(nb):
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
-        "post_serial": post_serial,
+        "post_serial": post_serial, "nchw_to_nhwc": nchw_to_nhwc,
     }  # fmt: skip
 
 
@@ -374,7 +385,19 @@ def nhwc(x: np.ndarray) -> np.ndarray:
     t = x.transpose(0, 2, 3, 1)
     if t.dtype != _F32:
         t = t.astype(_F32)
-    return t if t.flags.c_contiguous else np.ascontiguousarray(t)
+    return t if t.flags.c_contiguous else _store_nhwc(t, np.empty(t.shape, _F32))
+
+
+def _store_nhwc(a: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """dst[...] = a for (N, H, W, C) arrays; the NHWC view of a contiguous NCHW array by a numba
+    loop (numpy's copy of that view took 118 us for a 3x224x224 image, the loop 24)."""
+    k = _kernels()
+    src = a.transpose(0, 3, 1, 2)
+    if k is not None and a.dtype == _F32 and dst.dtype == _F32 and src.flags.c_contiguous:
+        k["nchw_to_nhwc"](src, dst)
+    else:
+        dst[...] = a
+    return dst
 
 
 def channels_last(a: np.ndarray) -> np.ndarray:
@@ -404,7 +427,7 @@ def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
     """a (N, H, W, C) copied inside a zero border (the border of a reused buffer stays zero)."""
     n, h, w, c = a.shape
     buf = _buffer(("pad", *a.shape, pt, pb, pl, pr), (n, h + pt + pb, w + pl + pr, c))
-    buf[:, pt : pt + h, pl : pl + w] = a
+    _store_nhwc(a, buf[:, pt : pt + h, pl : pl + w])
     return buf
 
 
@@ -447,14 +470,16 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     output pixel's window (no im2col); bias, residual and activation are applied as each output
     tile is stored. Only convs with few input channels (the RGB stem) go through window rows.
     """
-    a = nhwc(x)
-    n, h, w, c = a.shape
     (kh, kw), (sh, sw), (pt, pb, pl, pr) = kernel, stride, pads
+    pad = pt or pb or pl or pr
+    # a padded NCHW float32 input is transposed straight into the padded buffer (one copy)
+    a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
+    n, h, w, c = a.shape
     oh, ow = _out_hw(h, w, kh, kw, stride, pads)
     m = n * oh * ow
     out = np.empty((n, oh, ow, o), _F32)
     r = None if res is None else nhwc(res).reshape(m, o)
-    src = _padded(a, pt, pb, pl, pr) if (pt or pb or pl or pr) else a
+    src = _padded(a, pt, pb, pl, pr) if pad else a
     if c < WINDOW_ROWS_BELOW_CHANNELS and kw > 1:  # few channels: taps kw*C deep
         src = _window_rows(src, kw, sw, ow)
         geom = ((kh, 1), (sh, 1))
