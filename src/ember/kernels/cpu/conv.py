@@ -569,7 +569,9 @@ def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act, scal
     n, h, wd, c = a.shape
     kh, kw = w.shape[2:]
     oh, ow = _out_hw(h, wd, kh, kw, stride, pads)
-    wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
+    wt = G.packed_panels(w)  # a weight packed for this kernel carries its (kh, kw, C) layout
+    if wt is None or wt.shape != (kh, kw, c):
+        wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))
     out = np.empty((n, oh, ow, c), _F32)
     code = ACTS[act]
     depthwise_nhwc(
