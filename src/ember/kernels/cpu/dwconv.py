@@ -45,10 +45,18 @@ def _block_ir(pre: str, p: int, w: int, cb: str, masked: bool, nxt: str) -> list
     s = [f"{pre}init:", f"  %{pre}bp = getelementptr float, ptr %bias, i64 %{cb}"]
     s += [load(f"{pre}b0", f"{pre}bp"), f"  br label %{pre}tap", f"{pre}tap:"]
     s += [f"  %{pre}t = phi i64 [0, %{pre}init], [%{pre}t1, %{pre}tb]"]
-    s += [f"  %{pre}A{q} = phi {vt} [%{pre}b0, %{pre}init], [%{pre}N{q}, %{pre}tb]" for q in range(p)]
-    s += [f"  %{pre}go = icmp ult i64 %{pre}t, %nt", f"  br i1 %{pre}go, label %{pre}tb, label %{pre}st"]
+    s += [
+        f"  %{pre}A{q} = phi {vt} [%{pre}b0, %{pre}init], [%{pre}N{q}, %{pre}tb]" for q in range(p)
+    ]
+    s += [
+        f"  %{pre}go = icmp ult i64 %{pre}t, %nt",
+        f"  br i1 %{pre}go, label %{pre}tb, label %{pre}st",
+    ]
     s += [f"{pre}tb:", f"  %{pre}op = getelementptr i64, ptr %to, i64 %{pre}t"]
-    s += [f"  %{pre}off = load i64, ptr %{pre}op", f"  %{pre}wp = getelementptr i64, ptr %tw, i64 %{pre}t"]
+    s += [
+        f"  %{pre}off = load i64, ptr %{pre}op",
+        f"  %{pre}wp = getelementptr i64, ptr %tw, i64 %{pre}t",
+    ]
     s += [f"  %{pre}woff = load i64, ptr %{pre}wp", f"  %{pre}wo = add i64 %{pre}woff, %{cb}"]
     s += [f"  %{pre}wq = getelementptr float, ptr %w, i64 %{pre}wo", load(f"{pre}wv", f"{pre}wq")]
     s += [f"  %{pre}xo = add i64 %{pre}off, %{cb}"]
@@ -98,10 +106,17 @@ def kernel_ir(p: int, w: int) -> str:
     s += _block_ir("F", p, w, "cb", False, "  %cb1 = add i64 %cb, " + str(w))
     s += ["  br label %cl", "tl:"]
     iota = ", ".join(f"i32 {i}" for i in range(w))
-    s += ["  %rem = sub i64 %c, %cf", "  %hast = icmp ne i64 %rem, 0", "  %rem32 = trunc i64 %rem to i32"]
+    s += [
+        "  %rem = sub i64 %c, %cf",
+        "  %hast = icmp ne i64 %rem, 0",
+        "  %rem32 = trunc i64 %rem to i32",
+    ]
     s += [f"  %rs = insertelement <{w} x i32> poison, i32 %rem32, i32 0"]
     s += [f"  %rv = shufflevector <{w} x i32> %rs, <{w} x i32> poison, <{w} x i32> zeroinitializer"]
-    s += [f"  %mask = icmp slt <{w} x i32> <{iota}>, %rv", "  br i1 %hast, label %Tinit, label %done"]
+    s += [
+        f"  %mask = icmp slt <{w} x i32> <{iota}>, %rv",
+        "  br i1 %hast, label %Tinit, label %done",
+    ]
     s += _block_ir("T", p, w, "cf", True, "  br label %done")
     s += ["done:", "  ret void", "}"]
     return "\n".join(s)
