@@ -184,7 +184,7 @@ class Graph:
     def _run_plan(self) -> _Plan | None:
         """The slot plan of the current nodes and constants (None for control flow)."""
         plan = self._plan
-        if plan is None or plan.nodes is not self.nodes or plan.consts is not self.constants:
+        if plan is None or plan.key != _Plan.key_of(self):
             plan = self._plan = _Plan(self)
         return plan if plan.ok else None
 
@@ -232,8 +232,14 @@ class _Plan:
     the dict loop. Slot 0 is the absent optional input (""), always None.
     """
 
+    @staticmethod
+    def key_of(g: Graph) -> tuple:
+        """What a plan is built from (by identity: the optimizer replaces these, not edits)."""
+        return tuple(map(id, (g.nodes, g.constants, g.inputs, g.outputs, g._last_use)))
+
     def __init__(self, g: Graph) -> None:
-        self.nodes, self.consts = g.nodes, g.constants
+        self.key = _Plan.key_of(g)
+        self._refs = (g.nodes, g.constants, g.inputs, g.outputs, g._last_use)  # ids stay unique
         self.ok = not any(nd.op in _SCOPED or _subgraphs(nd) for nd in g.nodes)
         slot: dict[str, int] = {"": 0}
 
