@@ -8,8 +8,8 @@ depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the 
 stem) with a plain weight runs on the same GEMM, its weight packed per call (``conv1d_gemm``).
 Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, L) view of
 (N, L, C) for conv1d), which the next of these kernels reads without a copy.
-Depthwise conv (and the post pass) run their rows as tasks on ember's worker pool
-(kernels.cpu.pool_tasks), max pooling and copy4d over numba's threads; im2col (each
+Depthwise conv (its rows on kernels.cpu.dwconv's vector kernels where they build) and the
+post pass run their rows as tasks on ember's worker pool (kernels.cpu.pool_tasks), max pooling and copy4d over numba's threads; im2col (each
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
 
 Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients

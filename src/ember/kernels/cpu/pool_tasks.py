@@ -14,7 +14,8 @@ waiting and solo rules). All three run on the one pool: a second pool of spinnin
 A task function is a numba ``cfunc`` with the pool's chunk-function signature; the operands
 reach it as one int64 parameter block (addresses and sizes), arrays rebuilt with ``carray``.
 The GEMM's task is ``gemm._driver_py``'s loop body for ``ROWS`` output pixels times a group of
-panels; the depthwise and post tasks run rows of ``conv._dw_rows`` / ``conv._post_rows``.
+panels; the depthwise and post tasks run rows of ``dwconv._rows`` (the vector kernels) /
+``conv._post_rows``.
 """
 
 from __future__ import annotations
