@@ -309,3 +309,55 @@ def test_channel_mean_matches_float64(n, m, c):
     assert got.dtype == np.float32 and got.shape == (n, c)
     if m:
         np.testing.assert_allclose(got, x.astype(np.float64).mean(axis=1), rtol=1e-6, atol=1e-6)
+
+
+DW_CASES = [  # n, h, w, c, k, stride, pt, pl: full and partial channel blocks, every border
+    (1, 1, 1, 40, 3, 1, 1, 1),  # one pixel: every column an edge
+    (2, 14, 14, 37, 3, 2, 1, 1),
+    (1, 3, 20, 17, 5, 1, 2, 2),  # rows with missing taps above and below
+    (1, 12, 23, 64, 3, 1, 1, 1),  # interior runs of P_MAX pixels and a remainder
+    (1, 7, 9, 3, 7, 2, 3, 3),
+    (1, 6, 5, 16, 3, 2, 0, 0),  # no padding: no edge columns
+]
+
+
+def test_depthwise_vector_kernel_matches_reference():
+    from ember.kernels.cpu import dwconv
+
+    st = dwconv.state()
+    if st is None:
+        pytest.skip("no microkernels here")
+    for n, h, w, c, k, s, pt, pl in DW_CASES:
+        x, wt, bias = _r(n, h, w, c), _r(k, k, c), _r(c)
+        oh, ow = (h + 2 * pt - k) // s + 1, (w + 2 * pl - k) // s + 1
+        for act in (0, 1, 2):
+            ref = K.depthwise_nhwc_reference(
+                x, wt, bias, np.empty((n, oh, ow, c), np.float32), s, s, pt, pl, act
+            )
+            for name in ("serial", "parallel"):
+                got = np.full((n, oh, ow, c), np.nan, np.float32)
+                st[name](x, wt, bias, got, s, s, pt, pl, act)
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    x = _r(1, 4, 4, 20)
+    x[0, 1, 1, 3] = np.nan  # NaN passes through the ReLU6 clamp, as in the reference
+    got = np.empty((1, 4, 4, 20), np.float32)
+    st["serial"](x, _r(3, 3, 20), _r(20), got, 1, 1, 1, 1, 2)
+    assert np.isnan(got[0, :3, :3, 3]).all() and not np.isnan(np.delete(got, 3, axis=3)).any()
+
+
+def test_depthwise_vector_kernel_avx2_in_a_fresh_process():
+    """8-lane kernels (what an AVX2-only CPU runs), forced by EMBER_SGEMM_ISA."""
+    from ember.kernels.cpu import gemm
+    from tests.helpers import run_fresh
+
+    if gemm.isa() is None:
+        pytest.skip("no AVX2 here")
+    code = (
+        "from ember.kernels.cpu import gemm\n"
+        "from tests.kernels import test_conv as t\n"
+        "assert gemm.isa() == 'avx2'\n"
+        "t.test_depthwise_vector_kernel_matches_reference()\n"
+        "t.test_fused_depthwise_matches_reference()\n"
+        "print('ok')\n"
+    )
+    assert run_fresh(code, {"EMBER_SGEMM_ISA": "avx2"})[-1] == "ok"

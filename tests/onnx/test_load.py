@@ -156,3 +156,24 @@ def test_endless_loop_stops(monkeypatch):
     m = ember.onnx.load(_loop_model(None).SerializeToString())
     with pytest.raises(ShapeError, match="iterations"):
         m(np.ones(3, np.float32), np.array(False))
+
+
+def test_run_plan_matches_the_dict_loop_and_follows_the_graph():
+    """Graph.run's slot plan (built once) gives the dict loop's values (an output that a later
+    node also reads is not freed), and is rebuilt when the nodes or outputs change."""
+    g = ember.onnx.load(_two_outputs().SerializeToString(), optimize=False).graph
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    feeds = {"x": ember.from_numpy(x), "b": ember.from_numpy(np.ones(4, np.float32))}
+    plan = g._run_plan()
+    assert plan is not None and g._run_plan() is plan
+    fast = [v.numpy().copy() for v in g.run(feeds)]
+    slow = [v.numpy() for v in g.run(feeds, scope={"unused": feeds["b"]})]  # the dict loop
+    for a, c in zip(fast, slow):
+        np.testing.assert_array_equal(a, c)
+    g.nodes, g.outputs = g.nodes[:2], ["sum"]
+    g._last_use = g._liveness()
+    assert g._run_plan() is not plan
+    (only,) = g.run(feeds)
+    np.testing.assert_array_equal(only.numpy(), fast[0])
+    with pytest.raises(KeyError):  # a value nothing produced: the dict loop's KeyError
+        g.run({"x": feeds["x"]})

@@ -90,6 +90,7 @@ class Graph:
         nodes = [self._node(n, i, base, functions) for i, n in enumerate(g.node)]
         self.nodes = self._sort(nodes, outer)
         self._last_use = self._liveness()
+        self._plan: _Plan | None = None
 
     def _node(self, n, i: int, base, functions) -> _Node:
         where = f"{self.where}: node {i} ({n.op_type} {n.name!r})"
@@ -180,8 +181,19 @@ class Graph:
             last[o] = len(self.nodes)
         return last
 
+    def _run_plan(self) -> _Plan | None:
+        """The slot plan of the current nodes and constants (None for control flow)."""
+        plan = self._plan
+        if plan is None or plan.key != _Plan.key_of(self):
+            plan = self._plan = _Plan(self)
+        return plan if plan.ok else None
+
     def run(self, feeds: dict[str, Tensor], scope: dict[str, Tensor] | None = None) -> list[Tensor]:
         """Evaluate the graph on the given inputs (and the enclosing scope, for subgraphs)."""
+        plan = None if scope else self._run_plan()
+        out = None if plan is None else plan.run(self, feeds)
+        if out is not None:
+            return out
         env: dict[str, Any] = dict(scope) if scope else {}
         consts = self.constants
         env.update(consts)
@@ -210,6 +222,85 @@ class Graph:
 
 
 _SCOPED = {"If", "Loop", "Scan"}
+
+
+class _Plan:
+    """Graph.run's loop prepared once: values in a list by slot instead of a dict by name.
+
+    Each step is (node, input slots, output slots, slots freed after it: the values whose last
+    reader it is). Graphs with control flow (subgraphs read the enclosing values by name) keep
+    the dict loop. Slot 0 is the absent optional input (""), always None.
+    """
+
+    @staticmethod
+    def key_of(g: Graph) -> tuple:
+        """What a plan is built from (by identity: the optimizer replaces these, not edits)."""
+        return tuple(map(id, (g.nodes, g.constants, g.inputs, g.outputs, g._last_use)))
+
+    def __init__(self, g: Graph) -> None:
+        self.key = _Plan.key_of(g)
+        self._refs = (g.nodes, g.constants, g.inputs, g.outputs, g._last_use)  # ids stay unique
+        self.ok = not any(nd.op in _SCOPED or _subgraphs(nd) for nd in g.nodes)
+        slot: dict[str, int] = {"": 0}
+
+        def at(name: str) -> int:
+            if name not in slot:
+                slot[name] = len(slot)
+            return slot[name]
+
+        self.const_slots = [(at(k), v) for k, v in g.constants.items()]
+        self.input_slots = {k: at(k) for k in g.inputs}
+        keep = {s for s, _ in self.const_slots} | set(self.input_slots.values())
+        last = g._last_use
+        self.steps = []
+        for i, nd in enumerate(g.nodes):
+            ins = tuple(at(n) for n in nd.inputs)
+            outs = tuple(at(n) if n else -1 for n in nd.outputs)
+            free = tuple({slot[n] for n in nd.inputs if n and last.get(n) == i} - keep)
+            self.steps.append((nd, ins, outs, free))
+        self.out_slots = [at(o) for o in g.outputs]
+        self.names = list(slot)
+        self.size = len(slot)
+
+    def run(self, g: Graph, feeds: dict[str, Tensor]) -> list[Tensor] | None:
+        """Graph.run without a scope: the same values, errors and frees, by slot (None, having
+        run nothing, when a feed is not a declared input: the dict loop takes those)."""
+        vals: list[Any] = [None] * self.size
+        for s, v in self.const_slots:
+            vals[s] = v
+        for k, v in feeds.items():
+            s = self.input_slots.get(k)
+            if s is None:
+                return None
+            vals[s] = v
+        names = self.names
+        for nd, ins, outs, free in self.steps:
+            args = []
+            for s in ins:
+                v = vals[s]
+                if v is None and s:
+                    raise KeyError(names[s])  # as the dict loop's env[name]
+                args.append(v)
+            try:
+                out = nd.fn(nd.attrs, *args)
+            except EmberError:
+                raise
+            except (ValueError, TypeError, IndexError, ZeroDivisionError, KeyError) as e:
+                raise FormatError(f"{g.where}: ONNX {nd.attrs.where()} failed: {e}") from e
+            if not isinstance(out, (tuple, list)):
+                out = (out,)
+            for s, v in zip(outs, out):
+                if s >= 0:
+                    vals[s] = v
+            for s in free:
+                vals[s] = None
+        out = []
+        for s in self.out_slots:
+            v = vals[s]
+            if v is None:
+                raise KeyError(names[s])
+            out.append(v)
+        return out
 
 
 def _subgraphs(nd: _Node) -> list[Graph]:

@@ -10,8 +10,9 @@ Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, 
 (N, L, C) for conv1d), which the next of these kernels reads without a copy. For the ONNX
 importer's nodes around them: ``conv_transpose`` (a narrow transposed conv whose kernel is its
 stride, one direct pass) and ``channel_mean`` (the global average pool of channels-last data).
-Depthwise conv (and the post pass) run their rows as tasks on ember's worker pool
-(kernels.cpu.pool_tasks), max pooling and copy4d over numba's threads; im2col (each
+Depthwise conv (its rows on kernels.cpu.dwconv's vector kernels where they build) and the post
+pass run their rows as tasks on ember's worker pool (kernels.cpu.pool_tasks), max pooling and
+copy4d over numba's threads; im2col (each
 window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
 
 Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients
@@ -250,6 +251,17 @@ def _build_nhwc(nb):
                                 acc[t] = v
         return out
 
+    @nb.njit(**opts)
+    def nchw_to_nhwc(src, dst):  # pragma: no cover - compiled
+        n, c, h, w = src.shape
+        for b in range(n):
+            for y in range(h):
+                d = dst[b, y]
+                for ch in range(c):  # contiguous reads, a C-strided write
+                    s = src[b, ch, y]
+                    for x in range(w):
+                        d[x, ch] = s[x]
+
     @nb.njit(parallel=True, **opts)
     def copy4d(src, dst):  # pragma: no cover - compiled
         n, h, w, c = dst.shape
@@ -338,7 +350,7 @@ def _build_nhwc(nb):
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial, "window_rows": window_rows,
-        "convt_small": convt_small, "channel_sums": channel_sums,
+        "convt_small": convt_small, "channel_sums": channel_sums, "nchw_to_nhwc": nchw_to_nhwc,
     }  # fmt: skip
 
 
@@ -373,6 +385,11 @@ def depthwise_nhwc(x, w, bias, out, sh, sw, pt, pl, act: int) -> np.ndarray:
 
         pool_tasks.depthwise(x, w, bias, out, sh, sw, pt, pl, act, get_num_threads())
         return out
+    from ember.kernels.cpu import dwconv
+
+    v = dwconv.state()  # the vector kernels (numba's loop where they do not build)
+    if v is not None:
+        return v["serial" if small else "parallel"](x, w, bias, out, sh, sw, pt, pl, act)
     return k["depthwise_serial" if small else "depthwise"](x, w, bias, out, sh, sw, pt, pl, act)
 
 
@@ -473,7 +490,19 @@ def nhwc(x: np.ndarray) -> np.ndarray:
     t = x.transpose(0, 2, 3, 1)
     if t.dtype != _F32:
         t = t.astype(_F32)
-    return t if t.flags.c_contiguous else np.ascontiguousarray(t)
+    return t if t.flags.c_contiguous else _store_nhwc(t, np.empty(t.shape, _F32))
+
+
+def _store_nhwc(a: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """dst[...] = a for (N, H, W, C) arrays; the NHWC view of a contiguous NCHW array by a numba
+    loop (numpy's copy of that view took 118 us for a 3x224x224 image, the loop 24)."""
+    k = _kernels()
+    src = a.transpose(0, 3, 1, 2)
+    if k is not None and a.dtype == _F32 and dst.dtype == _F32 and src.flags.c_contiguous:
+        k["nchw_to_nhwc"](src, dst)
+    else:
+        dst[...] = a
+    return dst
 
 
 def channels_last(a: np.ndarray) -> np.ndarray:
@@ -503,7 +532,7 @@ def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
     """a (N, H, W, C) copied inside a zero border (the border of a reused buffer stays zero)."""
     n, h, w, c = a.shape
     buf = _buffer(("pad", *a.shape, pt, pb, pl, pr), (n, h + pt + pb, w + pl + pr, c))
-    buf[:, pt : pt + h, pl : pl + w] = a
+    _store_nhwc(a, buf[:, pt : pt + h, pl : pl + w])
     return buf
 
 
@@ -564,8 +593,10 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
         src = _window_rows(x, kw, sw, ow, pads)
         geom = ((kh, 1), (sh, 1))
     else:
-        a = nhwc(x)
-        src = _padded(a, pt, pb, pl, pr) if (pt or pb or pl or pr) else a
+        pad = pt or pb or pl or pr
+        # a padded NCHW float32 input is transposed straight into the padded buffer (one copy)
+        a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
+        src = _padded(a, pt, pb, pl, pr) if pad else a
         geom = ((kh, kw), (sh, sw))
     key = (src.shape, geom, oh, ow)
     offs = _OFFSETS.get(key)
@@ -651,7 +682,9 @@ def fused_conv2d_depthwise(x, w, b, res=None, *, stride, pads, groups, act, scal
     n, h, wd, c = a.shape
     kh, kw = w.shape[2:]
     oh, ow = _out_hw(h, wd, kh, kw, stride, pads)
-    wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))  # (kh, kw, C)
+    wt = G.packed_panels(w)  # a weight packed for this kernel carries its (kh, kw, C) layout
+    if wt is None or wt.shape != (kh, kw, c):
+        wt = np.ascontiguousarray(np.asarray(w)[:, 0].transpose(1, 2, 0))
     out = np.empty((n, oh, ow, c), _F32)
     code = ACTS[act]
     depthwise_nhwc(

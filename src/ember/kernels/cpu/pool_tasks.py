@@ -14,7 +14,8 @@ waiting and solo rules). All three run on the one pool: a second pool of spinnin
 A task function is a numba ``cfunc`` with the pool's chunk-function signature; the operands
 reach it as one int64 parameter block (addresses and sizes), arrays rebuilt with ``carray``.
 The GEMM's task is ``gemm._driver_py``'s loop body for ``ROWS`` output pixels times a group of
-panels; the depthwise and post tasks run rows of ``conv._dw_rows`` / ``conv._post_rows``.
+panels; the depthwise and post tasks run rows of ``dwconv._rows`` (the vector kernels) /
+``conv._post_rows``.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ def _build(nb) -> dict:
     g = globals()
     i64 = types.int64
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), carray=nb.carray)
-    g.update(_dw_rows=conv._dw_rows, _post_rows=conv._post_rows)
+    from ember.kernels.cpu import dwconv
+
+    # the depthwise rows on dwconv's vector kernels (they build wherever the GEMM's do)
+    g.update(_dw_rows=dwconv.state()["rows"], _post_rows=conv._post_rows)
     pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
     sig = types.void(*([i64] * 12))
     tasks = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
