@@ -204,14 +204,7 @@ class Graph:
             at = nd.attrs
             if nd.op in _SCOPED:  # control flow reads the enclosing values (a copy: thread-safe)
                 at = Attrs({**at.values, "__scope__": env}, at.opset, at.n_out, at.op, at.name)
-            try:
-                out = nd.fn(at, *args)
-            except EmberError:
-                raise
-            except (ValueError, TypeError, IndexError, ZeroDivisionError, KeyError) as e:
-                raise FormatError(f"{self.where}: ONNX {at.where()} failed: {e}") from e
-            if not isinstance(out, (tuple, list)):
-                out = (out,)
+            out = _call(nd, at, args, self.where)
             for name, v in zip(nd.outputs, out):
                 if name:
                     env[name] = v
@@ -222,6 +215,17 @@ class Graph:
 
 
 _SCOPED = {"If", "Loop", "Scan"}
+
+
+def _call(nd: _Node, at: Attrs, args: list, where: str) -> tuple | list:
+    """One node's outputs (a tuple or list); a failure that is not ember's own -> FormatError."""
+    try:
+        out = nd.fn(at, *args)
+    except EmberError:
+        raise
+    except (ValueError, TypeError, IndexError, ZeroDivisionError, KeyError) as e:
+        raise FormatError(f"{where}: ONNX {at.where()} failed: {e}") from e
+    return out if isinstance(out, (tuple, list)) else (out,)
 
 
 class _Plan:
@@ -281,14 +285,7 @@ class _Plan:
                 if v is None and s:
                     raise KeyError(names[s])  # as the dict loop's env[name]
                 args.append(v)
-            try:
-                out = nd.fn(nd.attrs, *args)
-            except EmberError:
-                raise
-            except (ValueError, TypeError, IndexError, ZeroDivisionError, KeyError) as e:
-                raise FormatError(f"{g.where}: ONNX {nd.attrs.where()} failed: {e}") from e
-            if not isinstance(out, (tuple, list)):
-                out = (out,)
+            out = _call(nd, nd.attrs, args, g.where)
             for s, v in zip(outs, out):
                 if s >= 0:
                     vals[s] = v
