@@ -96,6 +96,16 @@ class jit:
         return k(*args)
 
 
+def built_once(state: dict, lock, build) -> dict | None:
+    """``state`` filled once by ``build()`` (a dict with "ok"), under ``lock`` so that two
+    threads never compile the same kernels; the state, or None where "ok" is False."""
+    if "ok" not in state:
+        with lock:
+            if "ok" not in state:
+                state.update(build())
+    return state if state["ok"] else None
+
+
 def with_bias(run, out, bias):
     """A bound product ``run`` (a captured step's kernel call into out), then ``out += bias``;
     ``run`` itself when bias is None."""

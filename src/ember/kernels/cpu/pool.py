@@ -38,6 +38,8 @@ import threading
 
 import numpy as np
 
+from ember.kernels.cpu import built_once
+
 MAX_GROUPS = 32  # argument groups per job (4 rows of x each in _idot: up to 128 rows)
 SPIN_CYCLES = 600_000  # time-stamp cycles a worker spins after a job (~0.2 ms) before sleeping
 FIRST_SLEEP_US, MAX_SLEEP_US = 50, 1000  # then sleeps of 50 us, doubling up to 1 ms
@@ -304,11 +306,7 @@ def _ir() -> list[str]:
 
 def state() -> dict | None:
     """Compile the pool once: {"run": address, "ctrl": array, ...}, or None where it cannot run."""
-    if "ok" not in _STATE:
-        with _LOCK:
-            if "ok" not in _STATE:
-                _STATE.update(_build())
-    return _STATE if _STATE["ok"] else None
+    return built_once(_STATE, _LOCK, _build)
 
 
 def _build() -> dict:

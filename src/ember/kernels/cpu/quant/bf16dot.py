@@ -45,6 +45,7 @@ import numpy as np
 
 from ember import config
 from ember.errors import ShapeError
+from ember.kernels.cpu import built_once
 
 MR, NR = 4, 6  # rows of x, rows of W per tile (MR x NR accumulators in zmm registers)
 K_STEPS = 96  # 32-value steps per block of K (NR rows x 6 KB of W stay in L1)
@@ -313,11 +314,7 @@ def _build() -> dict:
 def state() -> dict | None:
     """Compile the kernels once: {"dot": bool, "fns": {name: address}}; None where none can
     run here (no AVX-512 family, llvmlite, numba or pool)."""
-    if "ok" not in _STATE:
-        with _LOCK:
-            if "ok" not in _STATE:
-                _STATE.update(_build())
-    return _STATE if _STATE["ok"] else None
+    return built_once(_STATE, _LOCK, _build)
 
 
 def available() -> bool:

@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import have_numba, with_bias
+from ember.kernels.cpu import built_once, have_numba, with_bias
 
 QTYPES = ("BF16", "F16")
 G_MAX = 4  # rows of x per kernel call (an accumulator each)
@@ -111,11 +111,7 @@ def _kernel_ir(qtype: str, g: int) -> str:
 
 def state() -> dict | None:
     """Compile the kernels once: {qtype: [addresses for g = 1..G_MAX]}; None where unavailable."""
-    if "ok" not in _STATE:
-        with _LOCK:
-            if "ok" not in _STATE:
-                _STATE.update(_build())
-    return _STATE if _STATE["ok"] else None
+    return built_once(_STATE, _LOCK, _build)
 
 
 def _build() -> dict:
