@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
-from _common import append  # noqa: E402
+from _common import append, timeit  # noqa: E402
 
 LAYER = [("q/k/v", 2560, 2048), ("o", 2048, 2048), ("gate/up", 11264, 2048), ("down", 2048, 5632)]
 MS = (1, 2, 4, 8, 16)
@@ -102,8 +102,6 @@ def decode_gbs(sets, m: int, sweeps: int, rng) -> tuple[float, int]:
 
 def prefill_ms(qset, m: int, repeat: int, rng) -> tuple[float, float]:
     """(quantized, float32 BLAS) ms for the layer's products with an m-row x (median)."""
-    import statistics
-
     xs = {k: rng.standard_normal((m, k)).astype(np.float32) for _, _, k in LAYER}
     floats = [q.dequantize() for q in qset]
 
@@ -115,16 +113,7 @@ def prefill_ms(qset, m: int, repeat: int, rng) -> tuple[float, float]:
         for w in floats:
             xs[w.shape[1]] @ w.T
 
-    out = []
-    for fn in (quant, blas):
-        fn()
-        ts = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        out.append(1e3 * statistics.median(ts))
-    return out[0], out[1]
+    return 1e3 * timeit(quant, repeat), 1e3 * timeit(blas, repeat)
 
 
 def main() -> None:
