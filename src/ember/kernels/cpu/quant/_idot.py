@@ -531,6 +531,7 @@ def _has_vnni(features: dict, isa: str) -> bool:
 # ------------------------------------------------------------------ numba driver
 _q8 = None  # _q8x's ember_q8_rows (ExternalFunction)
 _run = _acquire = None  # kernels.cpu.pool's ember_pool_run and ember_pool_acquire
+_submit = None  # _submit_py compiled (the panel kernels' driver in _pdot calls it too)
 # the pool's job words the driver fills (kernels.cpu.pool's layout), bound by _build
 _CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
 
@@ -553,28 +554,37 @@ def _driver_py(f, w, x, y, xq, xd, xs, xi, chunk, ctrl, own, fns):  # pragma: no
     if not fx:
         _q8(x.ctypes.data, m, k, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, xi.ctypes.data)
     qa = x.ctypes.data if fx else xq.ctypes.data
-    da, sa, ya = xd.ctypes.data, xs.ctypes.data, y.ctypes.data
+    job = (w.ctypes.data, nb * bs, nb, chunk, n, m, G_MAX, G_MAX * f)
+    return _submit(ctrl, own, fns, job, qa, xb, xd.ctypes.data, xs.ctypes.data, 4, y.ctypes.data)
+
+
+def _submit_py(ctrl, own, fns, job, qa, xb, da, sa, sb, ya):  # pragma: no cover - compiled
+    """Fill the pool's job block (``own`` when another thread holds ``ctrl``) and run it: the
+    weight's rows in chunks, each chunk running every group of up to gmax rows of x. job: (weight
+    address, bytes per row, blocks per row, rows per chunk, n, m, gmax, the format's first
+    kernel in fns); x's int8 blocks at qa (xb bytes a row), their scales at da (nb floats a
+    row), the sums at sa (sb bytes per block a row), y at ya. Returns the cycles waited."""
+    wi, rowb, nb, chunk, n, m, gmax, f0 = job
     shared = _acquire(ctrl.ctypes.data)
     if shared == 0:
         ctrl = own
     ctrl[_CHUNK] = chunk
     ctrl[_ROWS] = n
-    ctrl[_WI] = w.ctypes.data
-    ctrl[_ROWB] = nb * bs
+    ctrl[_WI] = wi
+    ctrl[_ROWB] = rowb
     ctrl[_NB] = nb
     ctrl[_LDX] = xb
     ctrl[_LDD] = nb
     ctrl[_LDY] = n
-    groups = (m + G_MAX - 1) // G_MAX
+    groups = (m + gmax - 1) // gmax
     ctrl[_GROUPS] = groups
     for j in range(groups):
-        m0 = j * G_MAX
-        g = min(G_MAX, m - m0)
+        m0 = j * gmax
         o = _GROUP0 + _GROUP_WORDS * j
-        ctrl[o] = fns[G_MAX * f + g - 1]
+        ctrl[o] = fns[f0 + min(gmax, m - m0) - 1]
         ctrl[o + 1] = qa + m0 * xb
         ctrl[o + 2] = da + m0 * nb * 4
-        ctrl[o + 3] = sa + m0 * nb * 4
+        ctrl[o + 3] = sa + m0 * nb * sb
         ctrl[o + 4] = ya + m0 * n * 4
     return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk, shared)
 
@@ -587,7 +597,9 @@ def _build(nb, vnni: bool):
     pool.bind(g, *"CHUNK ROWS GROUPS WI ROWB NB LDX LDD LDY GROUP0 GROUP_WORDS".split())
     opts = dict(cache=True, nogil=True, error_model="numpy")
     g["_q8"] = q8_symbol()
-    return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool, _q8x))
+    me = sys.modules[__name__]
+    g["_submit"] = nb.njit(**opts)(vecmath.keyed(_submit_py, me, pool))
+    return nb.njit(**opts)(vecmath.keyed(_driver_py, me, pool, _q8x))
 
 
 def q8_symbol():

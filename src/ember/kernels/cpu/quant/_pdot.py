@@ -429,8 +429,7 @@ def _path(features: dict, isa: str) -> str:
 
 # ------------------------------------------------------------------ numba driver
 _q8 = None  # _q8x's ember_q8_rows (ExternalFunction)
-_run = _acquire = None  # kernels.cpu.pool's ember_pool_run and ember_pool_acquire
-_CHUNK = _ROWS = _GROUPS = _WI = _ROWB = _NB = _LDX = _LDD = _LDY = _GROUP0 = _GROUP_WORDS = 0
+_submit = None  # _idot's job submission (compiled): fills the pool's job block and runs it
 
 
 def _driver_py(
@@ -462,29 +461,9 @@ def _driver_py(
                 for j in range(16):
                     t += xq[i, 16 * b + j]
                 xh[i, b] = -32 * t
-    shared = _acquire(ctrl.ctypes.data)
-    if shared == 0:
-        ctrl = own
-    ctrl[_CHUNK] = chunk
-    ctrl[_ROWS] = n
-    ctrl[_WI] = w.ctypes.data
-    ctrl[_ROWB] = w.shape[1]
-    ctrl[_NB] = nb
-    ctrl[_LDX] = k
-    ctrl[_LDD] = nb
-    ctrl[_LDY] = n
-    groups = (m + gmax - 1) // gmax
-    ctrl[_GROUPS] = groups
-    for j in range(groups):
-        m0 = j * gmax
-        g = min(gmax, m - m0)
-        o = _GROUP0 + _GROUP_WORDS * j
-        ctrl[o] = fns[gmax * f + g - 1]
-        ctrl[o + 1] = xq.ctypes.data + m0 * k
-        ctrl[o + 2] = xd.ctypes.data + m0 * nb * 4
-        ctrl[o + 3] = sa + m0 * nb * (8 if f == 3 else 4)
-        ctrl[o + 4] = y.ctypes.data + m0 * n * 4
-    return _run(ctrl.ctypes.data, (n + chunk - 1) // chunk, shared)
+    job = (w.ctypes.data, w.shape[1], nb, chunk, n, m, gmax, gmax * f)
+    sb = 8 if f == 3 else 4
+    return _submit(ctrl, own, fns, job, xq.ctypes.data, k, xd.ctypes.data, sa, sb, y.ctypes.data)
 
 
 def _build(nb):
@@ -492,8 +471,7 @@ def _build(nb):
     from ember.kernels.cpu.quant import _q8x
 
     g = globals()
-    pool.bind(g, *"CHUNK ROWS GROUPS WI ROWB NB LDX LDD LDY GROUP0 GROUP_WORDS".split())
-    g["_q8"] = _idot.q8_symbol()
+    g["_q8"], g["_submit"] = _idot.q8_symbol(), _idot._submit
     opts = dict(cache=True, nogil=True, error_model="numpy")
     return nb.njit(**opts)(vecmath.keyed(_driver_py, sys.modules[__name__], pool, _idot, _q8x))
 
