@@ -286,8 +286,9 @@ def test_clip_grad():
     nn.utils.clip_grad_value_(m.parameters(), 0.01)
     torch.nn.utils.clip_grad_value_(t.parameters(), 0.01)
     for pe, pt in zip(m.parameters(), t.parameters()):
-        # unclipped entries carry float32 summation-order differences of the two backwards
-        np.testing.assert_allclose(pe.grad.numpy(), pt.grad.numpy(), rtol=1e-5, atol=1e-8)
+        # unclipped entries carry float32 summation-order differences of the two backwards: sums
+        # of 5 products of size ~1, so ~1e-7 absolute (an entry near 1e-3 once differed by 3e-8)
+        np.testing.assert_allclose(pe.grad.numpy(), pt.grad.numpy(), rtol=1e-5, atol=1e-6)
     vec = nn.utils.parameters_to_vector(m.parameters())
     assert vec.shape == (15,)
     nn.utils.vector_to_parameters(ember.zeros(15), m.parameters())
