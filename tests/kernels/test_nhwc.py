@@ -88,3 +88,29 @@ def test_large_fresh_outputs_run_on_the_calling_thread(monkeypatch):
     np.testing.assert_array_equal(nhwc.scale_add(x, s), want)
     np.testing.assert_array_equal(nhwc.scale_add(x, s, np.empty_like(x)), want)
     assert calls == [True, False]
+
+
+@pytest.mark.parametrize("n,m,c", [(1, 700, 96), (3, 49, 5), (2, 1, 1)])
+def test_channel_sums(mode, n, m, c):
+    x = _r(n, m, c) + 3.0
+    parts = nhwc.channel_sums(x)
+    np.testing.assert_allclose(parts.sum(axis=1), x.astype(np.float64).sum(axis=1), rtol=1e-12)
+
+
+def test_depth_to_space(mode):
+    y = _r(6, 7, 2, 10)
+    out = nhwc.depth_to_space(y, np.empty((6, 2, 7, 10), np.float32))
+    np.testing.assert_array_equal(out, y.transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("act", [0, 1, 2])
+def test_conv_transpose_direct(mode, act):
+    from ember.kernels.cpu import conv as K
+
+    n, h, w, c, kh, kw, o = 2, 5, 6, 24, 2, 2, 1
+    x, wt, bias = _r(n, h, w, c), _r(kh, kw * o, c), _r(kh * kw * o)
+    got = np.full((n, h * kh, w * kw, o), np.nan, np.float32)
+    want = np.empty_like(got)
+    assert nhwc.conv_transpose_direct(x, wt, bias, got, act) is got
+    K.conv_transpose_reference(x, wt, bias, want, act)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -341,8 +341,11 @@ class _ConvTransposeRun:
             y = np.empty((m, kh * kw * o), _F32)
             span = (0, max(m - 1, 0) * c)
             G.gemm(a.reshape(-1), rows, _TAP0, c, self.w, self.bias, None, fused, y, span)
-            K.copy4d(y.reshape(n * h, wd, kh, kw * o).transpose(0, 2, 1, 3),
-                     out.reshape(n * h, kh, wd, kw * o))  # fmt: skip
+            from ember.kernels.cpu import nhwc
+
+            nhwc.depth_to_space(
+                y.reshape(n * h, wd, kh, kw * o), out.reshape(n * h, kh, wd, kw * o)
+            )
         K._post(out, code, self.scale, self.shift)
         if sigmoid:  # in place, on numpy's vector exp (ember.sigmoid: 0.6 ms at 640x640, this 0.23)
             np.negative(out, out=out)

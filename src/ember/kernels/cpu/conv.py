@@ -273,43 +273,6 @@ def _build_nhwc(nb):
                     d[t] = s[t]
 
     @nb.njit(parallel=True, **opts)
-    def convt_small(x, wt, bias, out, act):  # pragma: no cover - compiled
-        n, h, w, c = x.shape
-        kh, q_n = wt.shape[0], wt.shape[1]
-        xf, wf, of = x.reshape(-1), wt.reshape(-1), out.reshape(-1)
-        for r in nb.prange(n * h):
-            for j in range(w):
-                xs = (r * w + j) * c
-                for a in range(kh):
-                    ds = ((r * kh + a) * w + j) * q_n
-                    for q in range(q_n):
-                        ws = (a * q_n + q) * c
-                        acc = bias[a * q_n + q]
-                        for t in range(c):  # unsigned indices: no wraparound, it vectorises
-                            acc += xf[np.uint64(xs + t)] * wf[np.uint64(ws + t)]
-                        if act == 1:
-                            acc = max(acc, np.float32(0))
-                        elif act == 2:
-                            acc = min(max(acc, np.float32(0)), np.float32(6))
-                        of[np.uint64(ds + q)] = acc
-        return out
-
-    @nb.njit(parallel=True, **opts)
-    def channel_sums(x, parts):  # pragma: no cover - compiled
-        n, m, c = x.shape
-        nb_ = parts.shape[1]
-        for task in nb.prange(n * nb_):
-            b, k = task // nb_, task % nb_
-            acc = parts[b, k]
-            for t in range(c):
-                acc[t] = 0.0
-            for r in range(m * k // nb_, m * (k + 1) // nb_):
-                row = x[b, r]
-                for t in range(c):
-                    acc[t] += row[t]
-        return parts
-
-    @nb.njit(parallel=True, **opts)
     def post(y, act, scale, shift):  # pragma: no cover - compiled
         for r in nb.prange(y.shape[0]):
             _post_rows(y, act, scale, shift, r, r + 1)
@@ -324,7 +287,7 @@ def _build_nhwc(nb):
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial,
-        "convt_small": convt_small, "channel_sums": channel_sums, "nchw_to_nhwc": nchw_to_nhwc,
+        "nchw_to_nhwc": nchw_to_nhwc,
     }  # fmt: skip
 
 
@@ -416,13 +379,16 @@ def conv_transpose_reference(x, wt, bias, out, act: int) -> np.ndarray:
 
 def conv_transpose(x, wt, bias, out, act: int) -> np.ndarray:
     """``conv_transpose_reference`` (contiguous float32 operands) as one numba pass, input
-    pixel rows in parallel: for
-    narrow outputs (PP-OCR's last upsampling, one channel) instead of the packed GEMM, whose
+    pixel rows as tasks on the pool (kernels.cpu.nhwc): for narrow outputs (PP-OCR's last upsampling, one channel) instead of the packed GEMM, whose
     32-column panel would be mostly padding, and the depth-to-space copy after it."""
-    k = _kernels()
-    if k is None:
+    from ember.kernels.cpu import nhwc
+
+    for a in (x, wt, bias, out):
+        if a.dtype != _F32 or not a.flags.c_contiguous:
+            raise ShapeError("conv_transpose: contiguous float32 operands expected")
+    if nhwc.conv_transpose_direct(x, wt, bias, out, act) is None:
         return conv_transpose_reference(x, wt, bias, out, act)
-    return k["convt_small"](x, wt, bias, out, act)
+    return out
 
 
 def channel_mean(x: np.ndarray) -> np.ndarray:
@@ -430,16 +396,16 @@ def channel_mean(x: np.ndarray) -> np.ndarray:
 
     A channels-last global average pool: numpy's reduction over the middle axis ran at ~12 GB/s
     (0.8 ms for PP-OCRv4 det's 96x160x160 map); here row blocks are summed in parallel, a
-    vector of C float64 sums per block.
+    vector of C float64 sums per block, as tasks on the pool (kernels.cpu.nhwc: the prange
+    region right after the conv before it waited ~0.2 ms for the core the pool's worker spun
+    on; the detector's 15 global pools took 1.0 ms of a b1 pass that way, ad-hoc timing).
     """
-    k = _kernels()
+    from ember.kernels.cpu import nhwc
+
     n, m, c = x.shape
     if m == 0:  # the mean of nothing is NaN, as numpy's (without its warning)
         return np.full((n, c), np.nan, _F32)
-    if k is None:
-        return x.mean(axis=1, dtype=np.float64).astype(_F32)
-    parts = np.empty((n, max(1, min(8, m // 64)), c), np.float64)
-    return (k["channel_sums"](x, parts).sum(axis=1) / m).astype(_F32)
+    return (nhwc.channel_sums(x).sum(axis=1) / m).astype(_F32)
 
 
 def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ SERIAL_BELOW = 1 << 16  # floats of output from which the rows go to the pool
 FRESH_SERIAL_BYTES = 32 << 20
 _K: dict = {}
 _ld = _vptr = carray = None  # bound by _kernels
-_gather = _concat = _scale_add = _add_gather = None  # the row functions compiled
+_gather = _concat = _scale_add = _add_gather = _sums = _d2s = _convt = None  # compiled
 
 
 # ------------------------------------------------------------------ numpy references
@@ -123,6 +123,57 @@ def _scale_add_py(x, s, out, r0, r1):  # pragma: no cover - compiled
             of[i] = v * sf[np.uint64(b * c + t)] + v
 
 
+def _sums_py(x, parts, t0, t1):  # pragma: no cover - compiled
+    """Tasks t0..t1-1 (of N * K) of the channel sums: parts[b, k] = the sum of rows
+    [M * k // K, M * (k + 1) // K) of x[b] (float64)."""
+    m, c = x.shape[1], x.shape[2]
+    nb_ = parts.shape[1]
+    xf = x.reshape(-1)
+    for task in range(t0, t1):
+        b, k = task // nb_, task % nb_
+        acc = parts[b, k]
+        for t in range(c):
+            acc[t] = 0.0
+        for r in range(m * k // nb_, m * (k + 1) // nb_):
+            s = (b * m + r) * c
+            for t in range(c):
+                acc[t] += xf[np.uint64(s + t)]
+
+
+def _d2s_py(y, out, r0, r1):  # pragma: no cover - compiled
+    """Rows r0..r1-1 (of R * KH) of out (R, KH, W, S) = y (R, W, KH, S) with axes 1, 2 swapped."""
+    kh, w, s = out.shape[1], out.shape[2], out.shape[3]
+    yf, of = y.reshape(-1), out.reshape(-1)
+    for r in range(r0, r1):
+        ri, a = r // kh, r % kh
+        for j in range(w):
+            src, dst = ((ri * w + j) * kh + a) * s, (r * w + j) * s
+            for t in range(s):
+                of[np.uint64(dst + t)] = yf[np.uint64(src + t)]
+
+
+def _convt_py(x, wt, bias, out, act, r0, r1):  # pragma: no cover - compiled
+    """Input rows r0..r1-1 (of N * H) of conv.conv_transpose_reference, directly."""
+    w, c = x.shape[2], x.shape[3]
+    kh, q_n = wt.shape[0], wt.shape[1]
+    xf, wf, of = x.reshape(-1), wt.reshape(-1), out.reshape(-1)
+    for r in range(r0, r1):
+        for j in range(w):
+            xs = (r * w + j) * c
+            for a in range(kh):
+                ds = ((r * kh + a) * w + j) * q_n
+                for q in range(q_n):
+                    ws = (a * q_n + q) * c
+                    acc = bias[a * q_n + q]
+                    for t in range(c):  # unsigned indices: no wraparound, it vectorises
+                        acc += xf[np.uint64(xs + t)] * wf[np.uint64(ws + t)]
+                    if act == 1:
+                        acc = max(acc, np.float32(0))
+                    elif act == 2:
+                        acc = min(max(acc, np.float32(0)), np.float32(6))
+                    of[np.uint64(ds + q)] = acc
+
+
 def _gather_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
     n, h, w, c, oh, ow = _ld(p, 4), _ld(p, 5), _ld(p, 6), _ld(p, 7), _ld(p, 8), _ld(p, 9)
     x = carray(_vptr(_ld(p, 0)), (n, h, w, c), np.float32)
@@ -157,11 +208,34 @@ def _scale_add_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # prag
     _scale_add(x, s, out, r0, r1)
 
 
+def _sums_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    n, m, c, k = _ld(p, 2), _ld(p, 3), _ld(p, 4), _ld(p, 5)
+    x = carray(_vptr(_ld(p, 0)), (n, m, c), np.float32)
+    parts = carray(_vptr(_ld(p, 1)), (n, k, c), np.float64)
+    _sums(x, parts, r0, r1)
+
+
+def _d2s_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    r, w, kh, s = _ld(p, 2), _ld(p, 3), _ld(p, 4), _ld(p, 5)
+    y = carray(_vptr(_ld(p, 0)), (r, w, kh, s), np.float32)
+    out = carray(_vptr(_ld(p, 1)), (r, kh, w, s), np.float32)
+    _d2s(y, out, r0, r1)
+
+
+def _convt_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    n, h, w, c, kh, q_n = _ld(p, 4), _ld(p, 5), _ld(p, 6), _ld(p, 7), _ld(p, 8), _ld(p, 9)
+    x = carray(_vptr(_ld(p, 0)), (n, h, w, c), np.float32)
+    wt = carray(_vptr(_ld(p, 1)), (kh, q_n, c), np.float32)
+    bias = carray(_vptr(_ld(p, 2)), (kh * q_n,), np.float32)
+    out = carray(_vptr(_ld(p, 3)), (n * h * kh * w * q_n,), np.float32)  # read flat
+    _convt(x, wt, bias, out, _ld(p, 10), r0, r1)
+
+
 def _kernels() -> dict | None:
     """{"gather"/"concat"/"scale_add": the row functions, "tasks": their pool tasks' addresses
     (None without the pool)}, or None without numba."""
     if not _K:
-        from ember.kernels.cpu import numba_or_none, pool
+        from ember.kernels.cpu import FASTMATH, numba_or_none, pool
 
         nb = numba_or_none()
         if nb is None:
@@ -172,16 +246,21 @@ def _kernels() -> dict | None:
         g["carray"] = nb.carray
         opts = dict(nogil=True, cache=True)  # no fast-math: x * s + x rounds as a Mul, an Add
         for name, fn in (("_gather", _gather_py), ("_concat", _concat_py),
-                         ("_scale_add", _scale_add_py), ("_add_gather", _add_gather_py)):  # fmt: skip
+                         ("_scale_add", _scale_add_py), ("_add_gather", _add_gather_py),
+                         ("_sums", _sums_py), ("_d2s", _d2s_py)):  # fmt: skip
             g[name] = nb.njit(**opts)(fn)
+        # the dot products of the direct transposed conv: fast-math (a reassociated, vector sum)
+        g["_convt"] = nb.njit(nogil=True, cache=True, fastmath=set(FASTMATH))(_convt_py)
         _K.update(gather=_gather, concat=_concat, scale_add=_scale_add, add_gather=_add_gather,
-                  tasks=None)  # fmt: skip
+                  sums=_sums, d2s=_d2s, convt=_convt, tasks=None)  # fmt: skip
         if pool.state() is not None:
             i8 = nb.types.int64
             sig = nb.types.void(*([i8] * 12))
             cf = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
                   (("gather", _gather_task_py), ("concat", _concat_task_py),
-                   ("scale_add", _scale_add_task_py), ("add_gather", _add_gather_task_py))}  # fmt: skip
+                   ("scale_add", _scale_add_task_py), ("add_gather", _add_gather_task_py),
+                   ("sums", _sums_task_py), ("d2s", _d2s_task_py),
+                   ("convt", _convt_task_py))}  # fmt: skip
             _K["cfuncs"] = cf
             _K["tasks"] = {k: f.address for k, f in cf.items()}
     return None if "none" in _K else _K
@@ -315,4 +394,55 @@ def scale_add(x: np.ndarray, s: np.ndarray, out: np.ndarray | None = None) -> np
     desc = np.array([x.ctypes.data, s.ctypes.data, out.ctypes.data, n, m, c], np.int64)
     if not _on_pool(k, "scale_add", desc, n * m, c, fresh):
         k["scale_add"](x, s, out, 0, n * m)
+    return out
+
+
+def channel_sums(x: np.ndarray) -> np.ndarray:
+    """x (N, M, C) float32 contiguous -> (N, K, C) float64 partial sums over blocks of M rows
+    (the caller adds them up), blocks of at least 64 rows as tasks on the pool."""
+    k = _kernels()
+    n, m, c = x.shape
+    parts = np.empty((n, max(1, min(8, m // 64)), c), np.float64)
+    if k is None or x.dtype != _F32 or not x.flags.c_contiguous:
+        for kk in range(parts.shape[1]):
+            lo, hi = m * kk // parts.shape[1], m * (kk + 1) // parts.shape[1]
+            parts[:, kk] = x[:, lo:hi].sum(axis=1, dtype=np.float64)
+        return parts
+    desc = np.array([x.ctypes.data, parts.ctypes.data, n, m, c, parts.shape[1]], np.int64)
+    tasks = n * parts.shape[1]
+    if not _on_pool(k, "sums", desc, tasks, m * c // parts.shape[1], False):
+        k["sums"](x, parts, 0, tasks)
+    return parts
+
+
+def depth_to_space(y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out (R, KH, W, S) = y (R, W, KH, S) with axes 1 and 2 swapped (both float32 contiguous):
+    a transposed conv's taps into its output rows."""
+    k = _kernels()
+    r, w, kh, s = y.shape
+    if out.shape != (r, kh, w, s):
+        raise ValueError(f"depth_to_space: {y.shape} into {out.shape}")
+    if k is None or any(a.dtype != _F32 or not a.flags.c_contiguous for a in (y, out)):
+        out[...] = y.transpose(0, 2, 1, 3)
+        return out
+    desc = np.array([y.ctypes.data, out.ctypes.data, r, w, kh, s], np.int64)
+    if not _on_pool(k, "d2s", desc, r * kh, w * s, False):
+        k["d2s"](y, out, 0, r * kh)
+    return out
+
+
+def conv_transpose_direct(x, wt, bias, out, act: int) -> np.ndarray | None:
+    """conv.conv_transpose_reference's op (contiguous float32 operands) as input rows on the
+    pool, each output a dot product over C; None where numba is absent (the caller's
+    reference then)."""
+    k = _kernels()
+    if k is None:
+        return None
+    n, h, w, c = x.shape
+    kh, q_n = wt.shape[:2]
+    desc = np.array([x.ctypes.data, wt.ctypes.data, bias.ctypes.data, out.ctypes.data,
+                     n, h, w, c, kh, q_n, act], np.int64)  # fmt: skip
+    # rows of work: each input row makes kh * q_n * w outputs of c multiply-adds
+    if not _on_pool(k, "convt", desc, n * h, w * kh * q_n * c // 4, False):
+        k["convt"](x, wt, bias, out, act, 0, n * h)
     return out
