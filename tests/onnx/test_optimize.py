@@ -609,6 +609,6 @@ def test_sigmoid_after_conv_transpose_is_fused(o):
         helper.make_node("Sigmoid", ["y"], ["out"]),
     ]
     m = _model(nodes, [("x", F32, ["n", 3, 6, 5])], ["out"], inits)
-    fast = _both(m, [{"x": _r(n, 3, 6, 5)} for n in (1, 2)], atol=1e-6)
+    fast = _both(m, [{"x": _r(n, 3, 6, 5)} for n in (1, 2)], atol=1e-5)  # fast-math sums
     if G.microkernels_available():
         assert _ops(fast) == ["FusedConv", "FusedConvTranspose"], _ops(fast)
