@@ -75,6 +75,7 @@ def test_scale_add_rounds_as_mul_then_add(mode, n, m, c):
     np.testing.assert_array_equal(nhwc.scale_add(x, s), x + x * s[:, None, :])
 
 
+@pytest.mark.skipif(nhwc._kernels() is None, reason="numpy references only (no numba)")
 def test_large_fresh_outputs_run_on_the_calling_thread(monkeypatch):
     """A fresh output of FRESH_SERIAL_BYTES or more is never first touched by pool tasks; one
     the caller gives (a reused buffer) is."""
@@ -111,6 +112,6 @@ def test_conv_transpose_direct(mode, act):
     x, wt, bias = _r(n, h, w, c), _r(kh, kw * o, c), _r(kh * kw * o)
     got = np.full((n, h * kh, w * kw, o), np.nan, np.float32)
     want = np.empty_like(got)
-    assert nhwc.conv_transpose_direct(x, wt, bias, got, act) is got
+    assert K.conv_transpose(x, wt, bias, got, act) is got  # nhwc's, or without numba the reference
     K.conv_transpose_reference(x, wt, bias, want, act)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

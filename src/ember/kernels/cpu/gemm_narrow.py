@@ -17,6 +17,8 @@ below ``gemm.SERIAL_BELOW`` multiply-adds.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ember.kernels.cpu import gemm as G
@@ -24,6 +26,7 @@ from ember.kernels.cpu import gemm as G
 MR = 12  # rows per tile: 12 accumulators (+ the B vector and a broadcast) in 16 or 32 registers
 ROWS = 192  # rows a pool task computes
 _STATE: dict = {}
+_LOCK = threading.Lock()
 _n1 = _n2 = _n3 = _n4 = _n5 = _n6 = _n7 = _n8 = _n9 = _n10 = _n11 = _n12 = None  # bound by _build
 _micro = _rows = _ld = None  # compiled / bound by _build
 
@@ -75,14 +78,15 @@ def _task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
               _ld(p, 5), _ld(p, 6), _ld(p, 7), _ld(p, 8), _ld(p, 9), _ld(p, 10), _ld(p, 11))  # fmt: skip
 
 
-def _build() -> None:
+def _build() -> dict:
     from numba import types
 
     from ember.kernels.cpu import numba_or_none, pool
 
+    if G.isa() is None:
+        return {"ok": False}
     nb = numba_or_none()
-    st = G._state()
-    w = G.ISAS[st["isa"]][0]
+    w = G.ISAS[G.isa()][0]
     names = [f"ember_sgemmn_{m}" for m in range(1, MR + 1)]
     irs = [G._kernel_ir(m, 1, w).replace(f"@ember_sgemm_{m}(", f"@{n}(") for m, n in
            zip(range(1, MR + 1), names)]  # fmt: skip
@@ -94,21 +98,24 @@ def _build() -> None:
         g[f"_n{m}"] = types.ExternalFunction(n, sig)
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
     g["_rows"] = nb.njit(nogil=True, cache=True)(_rows_py)
-    _STATE.update(engine=engine, width=w, rows=g["_rows"], task=0)
+    st = {"ok": True, "engine": engine, "width": w, "rows": g["_rows"], "task": 0}
     if pool.state() is not None:
         g["_ld"] = pool.intrinsics()[0]
         task = nb.cfunc(types.void(*([i64] * 12)), nopython=True, cache=True)(_task_py)
-        _STATE.update(cfunc=task, task=task.address)
+        st.update(cfunc=task, task=task.address)
+    return st
+
+
+def _state() -> dict | None:
+    from ember.kernels.cpu import built_once
+
+    return built_once(_STATE, _LOCK, _build)
 
 
 def width() -> int | None:
     """The narrow panel width on this CPU (one vector of floats), or None (no microkernels)."""
-    if "width" not in _STATE:
-        if G.isa() is None:
-            _STATE["width"] = None
-        else:
-            _build()
-    return _STATE["width"]
+    st = _state()
+    return None if st is None else st["width"]
 
 
 def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None, threads=None):
@@ -125,11 +132,12 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None, thr
     r = out if res is None else res
     args = (a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, len(tapoff), kc,
             packed.ctypes.data, out.ctypes.data, o, bias.ctypes.data, r.ctypes.data, flags, act)  # fmt: skip
-    if threads == 1 or not _STATE["task"] or m * packed.shape[1] * nr < G.SERIAL_BELOW:
-        _STATE["rows"](0, m, *args)
+    st = _state()
+    if threads == 1 or not st["task"] or m * packed.shape[1] * nr < G.SERIAL_BELOW:
+        st["rows"](0, m, *args)
         return out
     from ember.kernels.cpu import pool
 
     params = np.array([*args, m], np.int64)
-    pool.run_items(_STATE["task"], params.ctypes.data, -(-m // ROWS), 1)
+    pool.run_items(st["task"], params.ctypes.data, -(-m // ROWS), 1)
     return out

@@ -11,13 +11,26 @@ right after a GEMM waited ~0.2 ms for the core the pool's worker still spun on):
 - ``concat_channels``: a Concat along channels into one NHWC array (each input's C floats of a
   pixel copied to their offset in the output pixel);
 - ``scale_add``: ``x * s + x`` with s one value per (image, channel): PP-OCR's SE blocks
-  (``x + x * hardsigmoid(...)``) in one pass instead of a Mul and an Add.
+  (``x + x * hardsigmoid(...)``) in one pass instead of a Mul and an Add;
+- ``add_gather``: ``a + resize(x)``, and ``concat_channels`` with per-input indices: a nearest
+  upsampling read in place by the Add or Concat after it (PP-OCR's FPN), never copied out;
+- ``channel_sums`` (conv.channel_mean's global average pool), ``depth_to_space`` and
+  ``conv_transpose_direct`` (the importer's stride-k, kernel-k transposed conv): as numba
+  ``prange`` regions right after the conv before them, these waited for the pool's spinning
+  worker; PP-OCRv4 det b1's 15 global pools took 1.0 ms that way, its two upsamplings 1.95 and
+  0.87 ms, on the pool 0.5, 1.5 and 0.66 (ad-hoc per-node timings, 2 threads).
+
+A fresh output of 32 MB or more (``FRESH_SERIAL_BYTES``) is written by the calling thread: its
+first touch inside the pool's tasks stalled the worker (see ``_on_pool``); the importer's fused
+nodes hand in reused buffers for those instead (``_fuse_dense.Arena``).
 
 Every function has a numpy reference (``*_reference``) the tests compare against and which runs
 where numba is absent.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -32,6 +45,7 @@ SERIAL_BELOW = 1 << 16  # floats of output from which the rows go to the pool
 # (PP-OCRv4 det b8: its 96 -> 24 convs after these 78.6 MB maps took 56 ms instead of 31)
 FRESH_SERIAL_BYTES = 32 << 20
 _K: dict = {}
+_LOCK = threading.Lock()
 _ld = _vptr = carray = None  # bound by _kernels
 _gather = _concat = _scale_add = _add_gather = _sums = _d2s = _convt = None  # compiled
 
@@ -232,44 +246,48 @@ def _convt_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: 
 
 
 def _kernels() -> dict | None:
-    """{"gather"/"concat"/"scale_add": the row functions, "tasks": their pool tasks' addresses
-    (None without the pool)}, or None without numba."""
-    if not _K:
-        from ember.kernels.cpu import FASTMATH, numba_or_none, pool
+    """{"gather"/"concat"/...: the row functions, "tasks": their pool tasks' addresses (None
+    without the pool)}, or None without numba."""
+    from ember.kernels.cpu import built_once
 
-        nb = numba_or_none()
-        if nb is None:
-            _K["none"] = True
-            return None
-        g = globals()
-        g["_ld"], g["_vptr"] = pool.intrinsics()
-        g["carray"] = nb.carray
-        opts = dict(nogil=True, cache=True)  # no fast-math: x * s + x rounds as a Mul, an Add
-        for name, fn in (("_gather", _gather_py), ("_concat", _concat_py),
-                         ("_scale_add", _scale_add_py), ("_add_gather", _add_gather_py),
-                         ("_sums", _sums_py), ("_d2s", _d2s_py)):  # fmt: skip
-            g[name] = nb.njit(**opts)(fn)
-        # the dot products of the direct transposed conv: fast-math (a reassociated, vector sum)
-        g["_convt"] = nb.njit(nogil=True, cache=True, fastmath=set(FASTMATH))(_convt_py)
-        _K.update(gather=_gather, concat=_concat, scale_add=_scale_add, add_gather=_add_gather,
-                  sums=_sums, d2s=_d2s, convt=_convt, tasks=None)  # fmt: skip
-        if pool.state() is not None:
-            i8 = nb.types.int64
-            sig = nb.types.void(*([i8] * 12))
-            cf = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
-                  (("gather", _gather_task_py), ("concat", _concat_task_py),
-                   ("scale_add", _scale_add_task_py), ("add_gather", _add_gather_task_py),
-                   ("sums", _sums_task_py), ("d2s", _d2s_task_py),
-                   ("convt", _convt_task_py))}  # fmt: skip
-            _K["cfuncs"] = cf
-            _K["tasks"] = {k: f.address for k, f in cf.items()}
-    return None if "none" in _K else _K
+    return built_once(_K, _LOCK, _build)
+
+
+def _build() -> dict:
+    from ember.kernels.cpu import FASTMATH, numba_or_none, pool
+
+    nb = numba_or_none()
+    if nb is None:
+        return {"ok": False}
+    g = globals()
+    g["_ld"], g["_vptr"] = pool.intrinsics()
+    g["carray"] = nb.carray
+    opts = dict(nogil=True, cache=True)  # no fast-math: x * s + x rounds as a Mul, an Add
+    rows = (("_gather", _gather_py), ("_concat", _concat_py), ("_scale_add", _scale_add_py),
+            ("_add_gather", _add_gather_py), ("_sums", _sums_py), ("_d2s", _d2s_py))  # fmt: skip
+    for name, fn in rows:
+        g[name] = nb.njit(**opts)(fn)
+    # the dot products of the direct transposed conv: fast-math (a reassociated, vector sum)
+    g["_convt"] = nb.njit(nogil=True, cache=True, fastmath=set(FASTMATH))(_convt_py)
+    st = {"ok": True, "tasks": None}
+    st.update({name[1:]: g[name] for name, _ in rows}, convt=g["_convt"])
+    if pool.state() is not None:
+        i8 = nb.types.int64
+        sig = nb.types.void(*([i8] * 12))
+        cf = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
+              (("gather", _gather_task_py), ("concat", _concat_task_py),
+               ("scale_add", _scale_add_task_py), ("add_gather", _add_gather_task_py),
+               ("sums", _sums_task_py), ("d2s", _d2s_task_py), ("convt", _convt_task_py))}  # fmt: skip
+        st.update(cfuncs=cf, tasks={k: f.address for k, f in cf.items()})
+    return st
 
 
 def _into(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """A reference's result, written into out when the caller gave one."""
     if out is None:
         return y
+    if out.shape != y.shape or out.dtype != _F32 or not out.flags.c_contiguous:
+        raise ValueError(f"nhwc: out must be a contiguous float32 {y.shape} array")
     out[...] = y
     return out
 
