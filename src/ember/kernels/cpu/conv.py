@@ -398,7 +398,7 @@ def channel_mean(x: np.ndarray) -> np.ndarray:
     (0.8 ms for PP-OCRv4 det's 96x160x160 map); here row blocks are summed in parallel, a
     vector of C float64 sums per block, as tasks on the pool (kernels.cpu.nhwc: the prange
     region right after the conv before it waited ~0.2 ms for the core the pool's worker spun
-    on; the detector's 15 global pools took 1.0 ms of a b1 pass that way, ad-hoc timing).
+    on; the detector's 10 global pools took 1.0 ms of a b1 pass that way, ad-hoc timing).
     """
     from ember.kernels.cpu import nhwc
 

@@ -509,10 +509,11 @@ K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's t
 
 def k_block(panels: int, kk: int) -> int:
     """The K blocking of a product of `panels` panels of kk rows: K_BLOCK, or all of K for one
-    panel (an output of at most NR columns: its whole weight stays in L2, and every block of K
-    cost the tiles a pass of loads and stores of their accumulators; PP-OCRv4 det's 3x3 96 -> 24
-    conv at 160x160: 3.2 -> 2.9 ms, ad-hoc timing of the GEMM, 2 threads)."""
-    return kk if panels == 1 else K_BLOCK
+    panel of at most 2048 rows (an output of at most NR columns: its weight, 256 KB at most,
+    stays in L2, and every block of K cost the tiles a pass of loads and stores of their
+    accumulators; PP-OCRv4 det's 3x3 96 -> 24 conv at 160x160: 3.2 -> 2.9 ms, ad-hoc timing of
+    the GEMM, 2 threads)."""
+    return kk if panels == 1 and kk <= 2048 else K_BLOCK
 
 
 def gemm(

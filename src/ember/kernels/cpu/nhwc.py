@@ -17,7 +17,7 @@ right after a GEMM waited ~0.2 ms for the core the pool's worker still spun on):
 - ``channel_sums`` (conv.channel_mean's global average pool), ``depth_to_space`` and
   ``conv_transpose_direct`` (the importer's stride-k, kernel-k transposed conv): as numba
   ``prange`` regions right after the conv before them, these waited for the pool's spinning
-  worker; PP-OCRv4 det b1's 15 global pools took 1.0 ms that way, its two upsamplings 1.95 and
+  worker; PP-OCRv4 det b1's 10 global pools took 1.0 ms that way, its two upsamplings 1.95 and
   0.87 ms, on the pool 0.5, 1.5 and 0.66 (ad-hoc per-node timings, 2 threads).
 
 A fresh output of 32 MB or more (``FRESH_SERIAL_BYTES``) is written by the calling thread: its
