@@ -612,3 +612,22 @@ def test_sigmoid_after_conv_transpose_is_fused(o):
     fast = _both(m, [{"x": _r(n, 3, 6, 5)} for n in (1, 2)], atol=1e-5)  # fast-math sums
     if G.microkernels_available():
         assert _ops(fast) == ["FusedConv", "FusedConvTranspose"], _ops(fast)
+
+
+def test_float32_sigmoid_keeps_layout_limits_and_values():
+    """The Sigmoid op's float32 path (numpy passes): +-inf and large values, a channels-last
+    input keeps its layout, 0-d input; against float64."""
+    x = np.array([[-np.inf, -1e4, -88.8, -3.0, 0.0, 2.5, 90.0, np.inf]], np.float32)
+    m = _model([helper.make_node("Sigmoid", ["x"], ["y"])], [("x", F32, [1, 8])], ["y"])
+    got = ember.onnx.load(m.SerializeToString()).run({"x": x})["y"].numpy()
+    with np.errstate(over="ignore"):
+        want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-37)  # float32 exp overflows at 88.7
+    from ember.onnx._ops_math import _sigmoid
+
+    cl = _r(2, 5, 4, 3).transpose(0, 3, 1, 2)  # (2, 3, 5, 4) channels-last
+    y = _sigmoid(None, ember.from_numpy(cl))._data
+    assert y.transpose(0, 2, 3, 1).flags.c_contiguous
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-cl.astype(np.float64))), rtol=1e-6)
+    s = _sigmoid(None, ember.from_numpy(np.array(0.5, np.float32)))
+    assert s.shape == () and abs(float(s.numpy()) - 1 / (1 + math.exp(-0.5))) < 1e-7
