@@ -238,7 +238,41 @@ def test_matmul_bias_as_packed_linear(shape):
     ]
     m = _model(nodes, [("x", F32, None)], ["out", "out2"], inits)
     fast = _both(m, [{"x": _r(*shape)}])
-    assert _ops(fast) == ["Linear", "Linear"]
+    assert _ops(fast) == ["Linear"]  # both products of x: one GEMM on the stacked weights
+
+
+@needs_gemm
+@pytest.mark.parametrize("b,lq", [(1, 5), (3, 13)])
+def test_qkv_products_of_one_input_as_one_gemm_into_attention(b, lq):
+    """Q, K, V projections of one x (K without bias, as Whisper's) become one product whose
+    column views go through the reshapes and transposes into the attention op; the products'
+    outputs also read elsewhere (a graph output) stay right."""
+    h, d = 3, 8
+    e = h * d
+    inits = [_t("wq", _r(e, e)), _t("bq", _r(e)), _t("wk", _r(e, e)), _t("wv", _r(e, e)),
+             _t("bv", _r(e)), _t("shape", np.array([0, 0, h, d], np.int64)),
+             _t("c", np.float32(1 / math.sqrt(d)))]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q0"]),
+        helper.make_node("Add", ["q0", "bq"], ["q1"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k1"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v0"]),
+        helper.make_node("Add", ["bv", "v0"], ["v1"]),
+        helper.make_node("Reshape", ["q1", "shape"], ["q2"]),
+        helper.make_node("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["k1", "shape"], ["k2"]),
+        helper.make_node("Transpose", ["k2"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["v1", "shape"], ["v2"]),
+        helper.make_node("Transpose", ["v2"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    m = _model(nodes, [("x", F32, None)], ["out", "k1"], inits)
+    fast = _both(m, [{"x": _r(b, lq, e)}])
+    ops = _ops(fast)
+    assert ops.count("Linear") == 1 and "Attention" in ops and "MatMul" not in ops
 
 
 @needs_gemm

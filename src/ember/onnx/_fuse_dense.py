@@ -171,6 +171,56 @@ class _ResidualLinearRun(_LinearRun):
         return Tensor._wrap(self._product(x._data, res._data))
 
 
+class _SharedInputLinearRun:
+    """x @ W_i (+ b_i) for several plain products of one x, as one product on the weights
+    stacked side by side; each result is a view of its columns (the attention kernel and the
+    reshapes after Q/K/V read such views in place). Any other input: each product's replay."""
+
+    def __init__(self, runs: list[_LinearRun], arena: Arena) -> None:
+        self.replays, self.arena = [r.replay for r in runs], arena
+        ws = [r.w._data.view(np.ndarray) for r in runs]
+        bs = [np.zeros(w.shape[0], _F32) if r.b is None else r.b._data for r, w in zip(runs, ws)]
+        self.w = _packed(np.ascontiguousarray(np.concatenate(ws, axis=0)))
+        self.b = np.ascontiguousarray(np.concatenate(bs))
+        ends = np.cumsum([w.shape[0] for w in ws]).tolist()
+        self.cols = list(zip([0, *ends[:-1]], ends))
+        self.b_rank = max(r.b_rank for r in runs)
+
+    def __call__(self, at, x: Tensor) -> tuple[Tensor, ...]:
+        w = self.w._data
+        if (
+            x.dtype != ember.float32
+            or x.ndim < max(1, self.b_rank)
+            or G.packed_panels(w) is None
+            or (ember.is_grad_enabled() and x.requires_grad)
+        ):
+            return tuple(r(x) for r in self.replays)
+        m = math.prod(x.shape[:-1])
+        out = self.arena.take(m, w.shape[0]) if x.size else None
+        y = G.linear_packed_residual(x._data, w, self.b, None, out)
+        return tuple(Tensor._wrap(y[..., c0:c1]) for c0, c1 in self.cols)
+
+
+def _fuse_shared_input(rw: Rewriter, arena: Arena) -> None:
+    """Plain products (no residual, no GELU) of the same input, as one (Q, K, V: one GEMM)."""
+    groups: dict[str, list[int]] = {}
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "Linear" and type(nd.fn) is _LinearRun:
+            groups.setdefault(nd.inputs[0], []).append(i)
+    for x, idxs in groups.items():
+        runs = [rw.nodes[i].fn for i in idxs]
+        if len(idxs) < 2 or len({r.w.shape[1] for r in runs}) != 1:
+            continue
+        outs = [rw.nodes[i].outputs[0] for i in idxs]
+        node = fused_node(
+            "Linear", [x], outs, _SharedInputLinearRun(runs, arena), rw.nodes[idxs[0]]
+        )
+        for i in idxs:  # at the first product's place: its input is ready there
+            rw.nodes[i] = None
+        rw.nodes[idxs[0]] = node
+    rw.index()
+
+
 def _bias_of(c: np.ndarray, n: int) -> np.ndarray | None:
     """A constant added to (..., n) products as one (n,) bias vector, or None."""
     if (
@@ -520,6 +570,7 @@ def fuse(rw: Rewriter, products: bool = True) -> None:
             elif nd is not None and nd.op == "Gemm":
                 _fuse_gemm(rw, i, arena)
         rw.index()
+        _fuse_shared_input(rw, arena)
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Softmax":
             _fuse_attention(rw, i)
