@@ -15,6 +15,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 import ember  # noqa: E402
 import ember.onnx  # noqa: E402
+from ember.kernels.cpu import attention as A  # noqa: E402
 from ember.kernels.cpu import gemm as G  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
@@ -365,6 +366,76 @@ def test_attention_pattern_as_one_op(mask, b, h, lq, s):
         feeds["m"] = _mask(mask, b, lq, s)
     fast = _both(m, [feeds])
     assert _ops(fast) == ["Transpose", "Attention"]
+
+
+def _heads_model(h: int, d: int, mask: bool, q_mul: bool, k_target, o_target):
+    """Whisper/BERT-style attention over (B, L, H*D) inputs: [Q * c], Reshape to heads,
+    Transpose (K to K^T), the attention pattern [+ mask], Transpose and Reshape back."""
+    inits = [_t("sq", np.array([0, 0, h, d], np.int64)), _t("sk", np.array(k_target, np.int64)),
+             _t("so", np.array(o_target, np.int64)), _t("c", np.float32(1 / math.sqrt(d))),
+             _t("qc", np.float32(0.5))]  # fmt: skip
+    q = "xq"
+    nodes = []
+    if q_mul:
+        nodes.append(helper.make_node("Mul", ["xq", "qc"], ["xq2"]))
+        q = "xq2"
+    nodes += [
+        helper.make_node("Reshape", [q, "sq"], ["q2"]),
+        helper.make_node("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["xk", "sk"], ["k2"]),
+        helper.make_node("Transpose", ["k2"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["xv", "sq"], ["v2"]),
+        helper.make_node("Transpose", ["v2"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["ss"]),
+    ]
+    inputs = [("xq", F32, None), ("xk", F32, None), ("xv", F32, None)]
+    last = "ss"
+    if mask:
+        nodes.append(helper.make_node("Add", ["ss", "m"], ["sm"]))
+        inputs.append(("m", F32, None))
+        last = "sm"
+    nodes += [
+        helper.make_node("Softmax", [last], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["o2"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["o2", "so"], ["out"]),
+    ]
+    return _model(nodes, inputs, ["out"], inits)
+
+
+@pytest.mark.parametrize("mask", ["none", "keys", "bias"])
+@pytest.mark.parametrize("q_mul", [False, True])
+@pytest.mark.parametrize("b,lq,s", [(1, 9, 9), (3, 16, 11), (2, 3, 5)])
+def test_attention_with_head_split_and_merge_as_one_op(mask, q_mul, b, lq, s, monkeypatch):
+    """The reshapes and transposes around the attention pattern (and a scalar Mul of Q) go
+    into the attention node, which runs the kernel on the (B, L, H*D) values; few queries
+    (lq 3) and an additive mask that is not a key mask run the replaced nodes."""
+    h, d = 3, 8
+    m = _heads_model(h, d, mask != "none", q_mul, [0, -1, h, d], [0, 0, -1])
+    feeds = {"xq": _r(b, lq, h * d), "xk": _r(b, s, h * d), "xv": _r(b, s, h * d)}
+    if mask != "none":
+        feeds["m"] = _mask(mask, b, lq, s)
+    calls = []
+    kernel = A.attention
+    monkeypatch.setattr(A, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    fast = _both(m, [feeds])
+    assert _ops(fast) == ["Attention"]
+    direct = lq >= A.SDPA_MIN_QUERIES and mask != "bias" and bool(A._kernels())
+    assert bool(calls) == direct  # the kernel on the (B, L, H*D) values, or the replay
+
+
+def test_attention_heads_that_do_not_split_the_features_replay():
+    """Reshape targets that are not a split of (B, L, H*D) into H heads (K given as (B, 2L,
+    H*D/2)), or an output merged into another shape, keep the ONNX semantics."""
+    h, d, b, lq = 2, 8, 2, 10
+    m = _heads_model(h, d, False, False, [0, -1, h, d], [0, lq * h * d])
+    feeds = [
+        {"xq": _r(b, lq, h * d), "xk": _r(b, 2 * lq, h * d // 2), "xv": _r(b, lq, h * d)},
+        {"xq": _r(b, lq, h * d), "xk": _r(b, lq, h * d), "xv": _r(b, lq, h * d)},
+    ]
+    fast = _both(m, feeds)
+    assert _ops(fast) == ["Attention"]
 
 
 def test_attention_on_other_ranks_and_dtypes_replays_the_nodes():
