@@ -438,6 +438,28 @@ def test_attention_heads_that_do_not_split_the_features_replay():
     assert _ops(fast) == ["Attention"]
 
 
+@pytest.mark.parametrize("mask", ["keys", "bias"])
+def test_attention_layers_sharing_one_mask(mask):
+    """Two attention patterns reading one mask (a model's layers): the key mask converted once
+    serves both, called twice with new masks of the same shape."""
+    d, b, h, lq = 8, 2, 2, 9
+    nodes, inputs = [], [("q", F32, None), ("k", F32, None), ("v", F32, None), ("m", F32, None)]
+    for j, q in enumerate(["q", "o0"]):
+        nodes += [
+            helper.make_node("Transpose", ["k"], [f"kt{j}"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", [q, f"kt{j}"], [f"s{j}"]),
+            helper.make_node("Add", [f"s{j}", "m"], [f"sm{j}"]),
+            helper.make_node("Softmax", [f"sm{j}"], [f"p{j}"], axis=-1),
+            helper.make_node("MatMul", [f"p{j}", "v"], [f"o{j}"]),
+        ]
+    m = _model(nodes, inputs, ["o1"])
+    feeds = [{"q": _r(b, h, lq, d), "k": _r(b, h, lq, d), "v": _r(b, h, lq, d),
+              "m": _mask(mask, b, lq, lq)} for _ in range(2)]  # fmt: skip
+    feeds[1]["m"] = feeds[1]["m"][::-1].copy()  # another mask of the same shape
+    fast = _both(m, feeds)
+    assert _ops(fast).count("Attention") == 2
+
+
 def test_attention_on_other_ranks_and_dtypes_replays_the_nodes():
     m = _model(
         [helper.make_node("MatMul", ["q", "kt"], ["s"]),

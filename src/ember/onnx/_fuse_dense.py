@@ -303,13 +303,22 @@ def _fuse_gemm(rw: Rewriter, i: int, arena: Arena) -> None:
 # ---- attention -----------------------------------------------------------------------------
 
 
+class _KeyMasks:
+    """The last additive mask converted to a key mask, shared by a graph's attention nodes: the
+    layers of a model read one mask value, converted once per call instead of once per layer
+    (MiniLM-L6: 6 conversions of ~10 us each). Keeps the array, so its identity stays its own."""
+
+    def __init__(self) -> None:
+        self.key: tuple = (None, None)
+        self.val: Tensor | None = None
+
+
 class _AttentionRun:
     """softmax(Q K^T * scale + mask) V through F.scaled_dot_product_attention."""
 
-    def __init__(self, scale: float, replay: Replay) -> None:
+    def __init__(self, scale: float, replay: Replay, masks: _KeyMasks | None = None) -> None:
         self.scale, self.replay = scale, replay
-        self._mask_key: object = None
-        self._mask_val: Tensor | None = None
+        self.masks = _KeyMasks() if masks is None else masks
 
     def __call__(self, at, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         f32 = ember.float32
@@ -330,12 +339,12 @@ class _AttentionRun:
 
     def _key_mask(self, mask: Tensor, b: int, lq: int, s: int) -> Tensor | None:
         """An additive mask that only drops keys, as a bool (B, 1, 1, S) key mask; else None."""
-        a = mask._data
-        if a is self._mask_key:  # the layers of a model share one mask: convert it once
-            return self._mask_val
+        a, c = mask._data, self.masks
+        if a is c.key[0] and c.key[1] == (b, lq, s):  # the layers' one mask: converted once
+            return c.val
         out = _drop_keys(a, b, lq, s)
-        self._mask_key, self._mask_val = a, None if out is None else Tensor._wrap(out)
-        return self._mask_val
+        c.key, c.val = (a, (b, lq, s)), None if out is None else Tensor._wrap(out)
+        return c.val
 
 
 def _drop_keys(a: np.ndarray, b: int, lq: int, s: int) -> np.ndarray | None:
@@ -373,7 +382,7 @@ def _scores(rw: Rewriter, name: str) -> bool:
     return nd.op == "MatMul" and not any(n in rw.consts for n in nd.inputs)
 
 
-def _fuse_attention(rw: Rewriter, i: int) -> None:
+def _fuse_attention(rw: Rewriter, i: int, masks: _KeyMasks) -> None:
     """Softmax at i, between MatMul(Q, K^T) [* or / scale] [+ mask] and MatMul(., V)."""
     sm = rw.nodes[i]
     if not _softmax_last(sm) or len(sm.inputs) != 1:
@@ -424,7 +433,7 @@ def _fuse_attention(rw: Rewriter, i: int) -> None:
     if q in rw.consts or kt in rw.consts:
         return
     inputs = [q, kt, pv.inputs[1]] + ([mask] if mask is not None else [])
-    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0], rw.consts))
+    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0], rw.consts), masks)
     rw.replace(idxs, fused_node("Attention", inputs, [pv.outputs[0]], run, sm))
 
 
@@ -716,9 +725,10 @@ def fuse(rw: Rewriter, products: bool = True) -> None:
                 _fuse_gemm(rw, i, arena)
         rw.index()
         _fuse_shared_input(rw, arena)
+    masks = _KeyMasks()  # the graph's attention nodes share it
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Softmax":
-            _fuse_attention(rw, i)
+            _fuse_attention(rw, i, masks)
     rw.index()
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Attention" and type(nd.fn) is _AttentionRun:
