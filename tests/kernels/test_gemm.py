@@ -103,6 +103,25 @@ def test_linear_rows_match_reference(m, k, o):
     _check(a, np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64), k, o, 0, False, 2)
 
 
+@pytest.mark.parametrize("m", [5, 128, 197, 256, 257])
+def test_linear_products_on_the_pool_by_panels_or_by_row_blocks(m):
+    """linear_packed_residual at 2 threads on the pool: up to LINEAR_ONE_BLOCK_ROWS rows a task
+    takes every row and a group of panels, above it blocks of rows (bias and residual too)."""
+    k, o = 384, 8 * NR + 5  # enough panels for the one-block split, a partial last one
+    x = RNG.standard_normal((1, m, k)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b, res = RNG.standard_normal(o).astype(np.float32), RNG.standard_normal((1, m, o))
+    res = res.astype(np.float32)
+    old = ember.get_num_threads()
+    ember.set_num_threads(2)
+    try:
+        got = G.linear_packed_residual(x, G.PackedWeight(w), b, res)
+    finally:
+        ember.set_num_threads(old)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b + res
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
 def test_activations_keep_nan_like_torch():
     a = np.array([np.nan, 1.0, -1.0, 7.0], np.float32)  # four rows of one feature
     out = np.empty((4, 1), np.float32)

@@ -179,13 +179,16 @@ def _chunk(rows: int, threads: int, per_row: int, most: int) -> int:
     return max(1, min(-(-rows // (TASKS_PER_THREAD * threads)), most // max(per_row, 1)))
 
 
-def gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int) -> None:
-    """gemm.gemm's product (operands checked by it) as tasks on the pool."""
+def gemm(
+    a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int, rows: int | None = None
+) -> None:
+    """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
+    rows of a task (default CHUNK_PIXELS, rounded down to whole tiles)."""
     g = G._state()
     m, o = out.shape
     panels, kk, nr = packed.shape
     mr = g["mr"]
-    rows = max(mr, (G.CHUNK_PIXELS // mr) * mr)
+    rows = max(mr, (G.CHUNK_PIXELS // mr) * mr) if rows is None else max(1, rows)
     tasks_m = -(-m // rows)
     want = TASKS_PER_THREAD * threads
     tasks_p = min(panels, -(-want // tasks_m)) if tasks_m < want else 1
