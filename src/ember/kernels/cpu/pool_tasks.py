@@ -184,6 +184,19 @@ def gemm(
 ) -> None:
     """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
     rows of a task (default CHUNK_PIXELS, rounded down to whole tiles)."""
+    params, tasks = gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows)
+    _go("gemm", params, tasks, 1)
+
+
+def run_gemm(params: np.ndarray, tasks: int) -> None:
+    """A product from gemm_params' words (a caller that keeps them updates P_A, P_RES, P_OUT)."""
+    _go("gemm", params, tasks, 1)
+
+
+def gemm_params(
+    a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int, rows: int | None = None
+) -> tuple[np.ndarray, int]:
+    """The parameter block and task count of gemm's product."""
     g = G._state()
     m, o = out.shape
     panels, kk, nr = packed.shape
@@ -201,7 +214,7 @@ def gemm(
          rows, G.K_BLOCK, m, o, panels, kk, nr, len(tapoff)],
         np.int64,
     )  # fmt: skip
-    _go("gemm", params, tasks_m * tasks_p, 1)
+    return params, tasks_m * tasks_p
 
 
 def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int, threads: int) -> None:
