@@ -6,12 +6,17 @@
   Gemm's alpha folded into the weight; an ``Add`` of a run-time value after a MatMul (a
   transformer's residual) is added in the GEMM's epilogue when that value has the product's
   shape (``gemm.linear_packed_residual``: no separate pass over the output), and a GELU after
-  it (the fused ``Gelu`` node below) is written over the product's fresh output.
+  it (the fused ``Gelu`` node below) is written over the product's fresh output. Plain products
+  of one input (a layer's Q, K and V projections) are one product on their weights stacked side
+  by side, each result a view of its columns (``_SharedInputLinearRun``).
 - ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
   exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
   inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
   is not, the same for every query; converted to a bool key mask), ember's blocked attention
-  kernel runs; any other additive mask goes to the op as it is.
+  kernel runs; any other additive mask goes to the op as it is. The reshapes and transposes
+  that split the (B, L, H*D) projections into heads and merge the result back (and a scalar
+  ``Mul`` of Q) go into the attention node too, which then calls the kernel on the (B, L, H*D)
+  values themselves (``_HeadsAttentionRun``); the layers' one mask is converted once per call.
 - The exporters' spelled-out activations become one op each: ``x * (erf(x / sqrt 2) + 1) * 0.5``
   ``F.gelu``, ``x * clip(x + 3, 0, 6) / 6`` (and ``x * HardSigmoid(x)`` with alpha 1/6)
   ``F.hardswish``, ``x * Sigmoid(x)`` ``F.silu``.

@@ -23,6 +23,11 @@ took 0.85 ms after a GEMM against 0.61 ms alone.) For its block a task
 3. multiplies P V with the tile kernel straight into the output, each row scaled by its 1 / sum
    as it is stored (sgemm's microkernels and a scaling pass when D is not whole panels).
 
+With many (batch, head) pairs per thread and at most PER_HEAD_MAX_KEYS keys (an encoder at
+batch 1 or 8) there is no pack job: a task is one (batch, head), which packs that head's K into
+its worker's scratch and then runs every block of its queries; and P V reads V where it lies
+(the tile kernel takes B's row stride) when D is whole panels and the keys are few.
+
 Only a (rows x S) block of scores per thread exists at any time (about 300 KB at S = 1500), so
 it stays in L2, where a full (H, L, S) score tensor (54 MB for Whisper's encoder) would stream
 through memory three times. As every key of the row is in the block, the softmax is the exact
