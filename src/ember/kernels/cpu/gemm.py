@@ -757,6 +757,8 @@ def _pool_plan(w: PackedWeight, bias: np.ndarray, m: int, has_res: bool) -> tupl
 
     if PT.state() is None or bias.size < o or not bias.flags.c_contiguous:
         return None
+    if panels.ndim != 3 or panels.shape[2] != _state()["nr"]:
+        return None  # panels of another width (a narrow weight's): gemm picks their kernel
     rows = _ROWS.get((m, k))
     if rows is None:
         rows = np.arange(m, dtype=np.int64) * k
