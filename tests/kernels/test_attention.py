@@ -220,6 +220,23 @@ def test_blocked_kernel_matches_reference_and_torch():
     check_kernel(A.attention, A.attention_reference, cases, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("v_in_place", [True, False])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_a_task_per_head_and_the_pack_job_agree_with_torch(per_head, v_in_place, monkeypatch):
+    """Both schedules on every case and a key mask: tasks that each pack their head's K and V
+    (many heads, few keys), or the pack job and then blocks of query rows; V read in place
+    (heads of whole panels) or packed."""
+    monkeypatch.setattr(A, "PER_HEAD_TASKS", 0 if per_head else 1 << 30)
+    monkeypatch.setattr(A, "V_IN_PLACE", v_in_place)
+    for b, lq, s, h, d, fused in CASES:
+        q, k, v = _qkv(b, lq, s, h, d, fused)
+        _close(A.attention(q, k, v, h, 0.3), _torch(q, k, v, h, 0.3, None))
+    b, lq, s, h, d = 3, 40, 53, 2, 32
+    q, k, v = _qkv(b, lq, s, h, d, False)
+    mask = RNG.random((b, s)) > 0.4
+    _close(A.attention(q, k, v, h, 0.25, key_mask=mask), _torch(q, k, v, h, 0.25, mask))
+
+
 def attention_matches_torch(b, lq, s, h, d, fused, threads):
     """One case at a number of threads (the fresh-process runs below)."""
     q, k, v = _qkv(b, lq, s, h, d, fused)

@@ -103,6 +103,28 @@ def test_linear_rows_match_reference(m, k, o):
     _check(a, np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64), k, o, 0, False, 2)
 
 
+@pytest.mark.parametrize("m", [5, 128, 197, 256, 257])
+def test_linear_products_on_the_pool_by_panels_or_by_row_blocks(m):
+    """linear_packed_residual at 2 threads on the pool: up to LINEAR_ONE_BLOCK_ROWS rows a task
+    takes every row and a group of panels, above it blocks of rows; the job kept on the weight
+    serves the next calls (new inputs, residuals and outputs), with and without bias."""
+    k, o = 384, 8 * NR + 5  # enough panels for the one-block split, a partial last one
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    pw, b = G.PackedWeight(w), RNG.standard_normal(o).astype(np.float32)
+    old = ember.get_num_threads()
+    ember.set_num_threads(2)
+    try:
+        for bias, with_res in ((b, True), (b, True), (None, False), (b, False), (None, True)):
+            x = RNG.standard_normal((1, m, k)).astype(np.float32)
+            res = RNG.standard_normal((1, m, o)).astype(np.float32) if with_res else None
+            got = G.linear_packed_residual(x, pw, bias, res)
+            want = x.astype(np.float64) @ w.T.astype(np.float64)
+            want = want + (0 if bias is None else bias) + (0 if res is None else res)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    finally:
+        ember.set_num_threads(old)
+
+
 def test_activations_keep_nan_like_torch():
     a = np.array([np.nan, 1.0, -1.0, 7.0], np.float32)  # four rows of one feature
     out = np.empty((4, 1), np.float32)

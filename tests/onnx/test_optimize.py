@@ -15,6 +15,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 import ember  # noqa: E402
 import ember.onnx  # noqa: E402
+from ember.kernels.cpu import attention as A  # noqa: E402
 from ember.kernels.cpu import gemm as G  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
@@ -238,7 +239,41 @@ def test_matmul_bias_as_packed_linear(shape):
     ]
     m = _model(nodes, [("x", F32, None)], ["out", "out2"], inits)
     fast = _both(m, [{"x": _r(*shape)}])
-    assert _ops(fast) == ["Linear", "Linear"]
+    assert _ops(fast) == ["Linear"]  # both products of x: one GEMM on the stacked weights
+
+
+@needs_gemm
+@pytest.mark.parametrize("b,lq", [(1, 5), (3, 13)])
+def test_qkv_products_of_one_input_as_one_gemm_into_attention(b, lq):
+    """Q, K, V projections of one x (K without bias, as Whisper's) become one product whose
+    column views go through the reshapes and transposes into the attention op; the products'
+    outputs also read elsewhere (a graph output) stay right."""
+    h, d = 3, 8
+    e = h * d
+    inits = [_t("wq", _r(e, e)), _t("bq", _r(e)), _t("wk", _r(e, e)), _t("wv", _r(e, e)),
+             _t("bv", _r(e)), _t("shape", np.array([0, 0, h, d], np.int64)),
+             _t("c", np.float32(1 / math.sqrt(d)))]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q0"]),
+        helper.make_node("Add", ["q0", "bq"], ["q1"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k1"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v0"]),
+        helper.make_node("Add", ["bv", "v0"], ["v1"]),
+        helper.make_node("Reshape", ["q1", "shape"], ["q2"]),
+        helper.make_node("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["k1", "shape"], ["k2"]),
+        helper.make_node("Transpose", ["k2"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["v1", "shape"], ["v2"]),
+        helper.make_node("Transpose", ["v2"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    m = _model(nodes, [("x", F32, None)], ["out", "k1"], inits)
+    fast = _both(m, [{"x": _r(b, lq, e)}])
+    ops = _ops(fast)
+    assert ops.count("Linear") == 1 and "Attention" in ops and "MatMul" not in ops
 
 
 @needs_gemm
@@ -331,6 +366,98 @@ def test_attention_pattern_as_one_op(mask, b, h, lq, s):
         feeds["m"] = _mask(mask, b, lq, s)
     fast = _both(m, [feeds])
     assert _ops(fast) == ["Transpose", "Attention"]
+
+
+def _heads_model(h: int, d: int, mask: bool, q_mul: bool, k_target, o_target):
+    """Whisper/BERT-style attention over (B, L, H*D) inputs: [Q * c], Reshape to heads,
+    Transpose (K to K^T), the attention pattern [+ mask], Transpose and Reshape back."""
+    inits = [_t("sq", np.array([0, 0, h, d], np.int64)), _t("sk", np.array(k_target, np.int64)),
+             _t("so", np.array(o_target, np.int64)), _t("c", np.float32(1 / math.sqrt(d))),
+             _t("qc", np.float32(0.5))]  # fmt: skip
+    q = "xq"
+    nodes = []
+    if q_mul:
+        nodes.append(helper.make_node("Mul", ["xq", "qc"], ["xq2"]))
+        q = "xq2"
+    nodes += [
+        helper.make_node("Reshape", [q, "sq"], ["q2"]),
+        helper.make_node("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["xk", "sk"], ["k2"]),
+        helper.make_node("Transpose", ["k2"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["xv", "sq"], ["v2"]),
+        helper.make_node("Transpose", ["v2"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["ss"]),
+    ]
+    inputs = [("xq", F32, None), ("xk", F32, None), ("xv", F32, None)]
+    last = "ss"
+    if mask:
+        nodes.append(helper.make_node("Add", ["ss", "m"], ["sm"]))
+        inputs.append(("m", F32, None))
+        last = "sm"
+    nodes += [
+        helper.make_node("Softmax", [last], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["o2"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["o2", "so"], ["out"]),
+    ]
+    return _model(nodes, inputs, ["out"], inits)
+
+
+@pytest.mark.parametrize("mask", ["none", "keys", "bias"])
+@pytest.mark.parametrize("q_mul", [False, True])
+@pytest.mark.parametrize("b,lq,s", [(1, 9, 9), (3, 16, 11), (2, 3, 5)])
+def test_attention_with_head_split_and_merge_as_one_op(mask, q_mul, b, lq, s, monkeypatch):
+    """The reshapes and transposes around the attention pattern (and a scalar Mul of Q) go
+    into the attention node, which runs the kernel on the (B, L, H*D) values; few queries
+    (lq 3) and an additive mask that is not a key mask run the replaced nodes."""
+    h, d = 3, 8
+    m = _heads_model(h, d, mask != "none", q_mul, [0, -1, h, d], [0, 0, -1])
+    feeds = {"xq": _r(b, lq, h * d), "xk": _r(b, s, h * d), "xv": _r(b, s, h * d)}
+    if mask != "none":
+        feeds["m"] = _mask(mask, b, lq, s)
+    calls = []
+    kernel = A.attention
+    monkeypatch.setattr(A, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    fast = _both(m, [feeds])
+    assert _ops(fast) == ["Attention"]
+    direct = lq >= A.SDPA_MIN_QUERIES and mask != "bias" and bool(A._kernels())
+    assert bool(calls) == direct  # the kernel on the (B, L, H*D) values, or the replay
+
+
+def test_attention_heads_that_do_not_split_the_features_replay():
+    """Reshape targets that are not a split of (B, L, H*D) into H heads (K given as (B, 2L,
+    H*D/2)), or an output merged into another shape, keep the ONNX semantics."""
+    h, d, b, lq = 2, 8, 2, 10
+    m = _heads_model(h, d, False, False, [0, -1, h, d], [0, lq * h * d])
+    feeds = [
+        {"xq": _r(b, lq, h * d), "xk": _r(b, 2 * lq, h * d // 2), "xv": _r(b, lq, h * d)},
+        {"xq": _r(b, lq, h * d), "xk": _r(b, lq, h * d), "xv": _r(b, lq, h * d)},
+    ]
+    fast = _both(m, feeds)
+    assert _ops(fast) == ["Attention"]
+
+
+@pytest.mark.parametrize("mask", ["keys", "bias"])
+def test_attention_layers_sharing_one_mask(mask):
+    """Two attention patterns reading one mask (a model's layers): the key mask converted once
+    serves both, called twice with new masks of the same shape."""
+    d, b, h, lq = 8, 2, 2, 9
+    nodes, inputs = [], [("q", F32, None), ("k", F32, None), ("v", F32, None), ("m", F32, None)]
+    for j, q in enumerate(["q", "o0"]):
+        nodes += [
+            helper.make_node("Transpose", ["k"], [f"kt{j}"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", [q, f"kt{j}"], [f"s{j}"]),
+            helper.make_node("Add", [f"s{j}", "m"], [f"sm{j}"]),
+            helper.make_node("Softmax", [f"sm{j}"], [f"p{j}"], axis=-1),
+            helper.make_node("MatMul", [f"p{j}", "v"], [f"o{j}"]),
+        ]
+    m = _model(nodes, inputs, ["o1"])
+    feeds = [{"q": _r(b, h, lq, d), "k": _r(b, h, lq, d), "v": _r(b, h, lq, d),
+              "m": _mask(mask, b, lq, lq)} for _ in range(2)]  # fmt: skip
+    feeds[1]["m"] = feeds[1]["m"][::-1].copy()  # another mask of the same shape
+    fast = _both(m, feeds)
+    assert _ops(fast).count("Attention") == 2
 
 
 def test_attention_on_other_ranks_and_dtypes_replays_the_nodes():

@@ -6,12 +6,17 @@
   Gemm's alpha folded into the weight; an ``Add`` of a run-time value after a MatMul (a
   transformer's residual) is added in the GEMM's epilogue when that value has the product's
   shape (``gemm.linear_packed_residual``: no separate pass over the output), and a GELU after
-  it (the fused ``Gelu`` node below) is written over the product's fresh output.
+  it (the fused ``Gelu`` node below) is written over the product's fresh output. Plain products
+  of one input (a layer's Q, K and V projections) are one product on their weights stacked side
+  by side, each result a view of its columns (``_SharedInputLinearRun``).
 - ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
   exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
   inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
   is not, the same for every query; converted to a bool key mask), ember's blocked attention
-  kernel runs; any other additive mask goes to the op as it is.
+  kernel runs; any other additive mask goes to the op as it is. The reshapes and transposes
+  that split the (B, L, H*D) projections into heads and merge the result back (and a scalar
+  ``Mul`` of Q) go into the attention node too, which then calls the kernel on the (B, L, H*D)
+  values themselves (``_HeadsAttentionRun``); the layers' one mask is converted once per call.
 - The exporters' spelled-out activations become one op each: ``x * (erf(x / sqrt 2) + 1) * 0.5``
   ``F.gelu``, ``x * clip(x + 3, 0, 6) / 6`` (and ``x * HardSigmoid(x)`` with alpha 1/6)
   ``F.hardswish``, ``x * Sigmoid(x)`` ``F.silu``.
@@ -171,6 +176,56 @@ class _ResidualLinearRun(_LinearRun):
         return Tensor._wrap(self._product(x._data, res._data))
 
 
+class _SharedInputLinearRun:
+    """x @ W_i (+ b_i) for several plain products of one x, as one product on the weights
+    stacked side by side; each result is a view of its columns (the attention kernel and the
+    reshapes after Q/K/V read such views in place). Any other input: each product's replay."""
+
+    def __init__(self, runs: list[_LinearRun], arena: Arena) -> None:
+        self.replays, self.arena = [r.replay for r in runs], arena
+        ws = [r.w._data.view(np.ndarray) for r in runs]
+        bs = [np.zeros(w.shape[0], _F32) if r.b is None else r.b._data for r, w in zip(runs, ws)]
+        self.w = _packed(np.ascontiguousarray(np.concatenate(ws, axis=0)))
+        self.b = np.ascontiguousarray(np.concatenate(bs))
+        ends = np.cumsum([w.shape[0] for w in ws]).tolist()
+        self.cols = list(zip([0, *ends[:-1]], ends))
+        self.b_rank = max(r.b_rank for r in runs)
+
+    def __call__(self, at, x: Tensor) -> tuple[Tensor, ...]:
+        w = self.w._data
+        if (
+            x.dtype != ember.float32
+            or x.ndim < max(1, self.b_rank)
+            or G.packed_panels(w) is None
+            or (ember.is_grad_enabled() and x.requires_grad)
+        ):
+            return tuple(r(x) for r in self.replays)
+        m = math.prod(x.shape[:-1])
+        out = self.arena.take(m, w.shape[0]) if x.size else None
+        y = G.linear_packed_residual(x._data, w, self.b, None, out)
+        return tuple(Tensor._wrap(y[..., c0:c1]) for c0, c1 in self.cols)
+
+
+def _fuse_shared_input(rw: Rewriter, arena: Arena) -> None:
+    """Plain products (no residual, no GELU) of the same input, as one (Q, K, V: one GEMM)."""
+    groups: dict[str, list[int]] = {}
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "Linear" and type(nd.fn) is _LinearRun:
+            groups.setdefault(nd.inputs[0], []).append(i)
+    for x, idxs in groups.items():
+        runs = [rw.nodes[i].fn for i in idxs]
+        if len(idxs) < 2 or len({r.w.shape[1] for r in runs}) != 1:
+            continue
+        outs = [rw.nodes[i].outputs[0] for i in idxs]
+        node = fused_node(
+            "Linear", [x], outs, _SharedInputLinearRun(runs, arena), rw.nodes[idxs[0]]
+        )
+        for i in idxs:  # at the first product's place: its input is ready there
+            rw.nodes[i] = None
+        rw.nodes[idxs[0]] = node
+    rw.index()
+
+
 def _bias_of(c: np.ndarray, n: int) -> np.ndarray | None:
     """A constant added to (..., n) products as one (n,) bias vector, or None."""
     if (
@@ -253,13 +308,22 @@ def _fuse_gemm(rw: Rewriter, i: int, arena: Arena) -> None:
 # ---- attention -----------------------------------------------------------------------------
 
 
+class _KeyMasks:
+    """The last additive mask converted to a key mask, shared by a graph's attention nodes: the
+    layers of a model read one mask value, converted once per call instead of once per layer
+    (MiniLM-L6: 6 conversions of ~10 us each). Keeps the array, so its identity stays its own."""
+
+    def __init__(self) -> None:
+        self.key: tuple = (None, None)
+        self.val: Tensor | None = None
+
+
 class _AttentionRun:
     """softmax(Q K^T * scale + mask) V through F.scaled_dot_product_attention."""
 
-    def __init__(self, scale: float, replay: Replay) -> None:
+    def __init__(self, scale: float, replay: Replay, masks: _KeyMasks | None = None) -> None:
         self.scale, self.replay = scale, replay
-        self._mask_key: object = None
-        self._mask_val: Tensor | None = None
+        self.masks = _KeyMasks() if masks is None else masks
 
     def __call__(self, at, q: Tensor, kt: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         f32 = ember.float32
@@ -280,12 +344,12 @@ class _AttentionRun:
 
     def _key_mask(self, mask: Tensor, b: int, lq: int, s: int) -> Tensor | None:
         """An additive mask that only drops keys, as a bool (B, 1, 1, S) key mask; else None."""
-        a = mask._data
-        if a is self._mask_key:  # the layers of a model share one mask: convert it once
-            return self._mask_val
+        a, c = mask._data, self.masks
+        if a is c.key[0] and c.key[1] == (b, lq, s):  # the layers' one mask: converted once
+            return c.val
         out = _drop_keys(a, b, lq, s)
-        self._mask_key, self._mask_val = a, None if out is None else Tensor._wrap(out)
-        return self._mask_val
+        c.key, c.val = (a, (b, lq, s)), None if out is None else Tensor._wrap(out)
+        return c.val
 
 
 def _drop_keys(a: np.ndarray, b: int, lq: int, s: int) -> np.ndarray | None:
@@ -323,7 +387,7 @@ def _scores(rw: Rewriter, name: str) -> bool:
     return nd.op == "MatMul" and not any(n in rw.consts for n in nd.inputs)
 
 
-def _fuse_attention(rw: Rewriter, i: int) -> None:
+def _fuse_attention(rw: Rewriter, i: int, masks: _KeyMasks) -> None:
     """Softmax at i, between MatMul(Q, K^T) [* or / scale] [+ mask] and MatMul(., V)."""
     sm = rw.nodes[i]
     if not _softmax_last(sm) or len(sm.inputs) != 1:
@@ -374,8 +438,153 @@ def _fuse_attention(rw: Rewriter, i: int) -> None:
     if q in rw.consts or kt in rw.consts:
         return
     inputs = [q, kt, pv.inputs[1]] + ([mask] if mask is not None else [])
-    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0], rw.consts))
+    run = _AttentionRun(scale, Replay(chain, inputs, pv.outputs[0], rw.consts), masks)
     rw.replace(idxs, fused_node("Attention", inputs, [pv.outputs[0]], run, sm))
+
+
+class _HeadsAttentionRun:
+    """The attention op with the head split and merge around it: (B, L, H*D) projections in,
+    (B, L, H*D) out, straight through the blocked attention kernel (``attention.attention``
+    reads the heads as column slices of its inputs, views of the fused Q/K/V product too).
+
+    Replaces Reshape (B, L, H, D) + Transpose of Q, K (to K^T) and V, the attention node, and
+    Transpose + Reshape (B, L, H*D) of its result (eight nodes, each a view, ~8 us of Python a
+    node: ~0.35 ms of MiniLM-L6's ~10 ms at batch 1), and a scalar Mul of Q (Whisper's
+    scaling) into the softmax scale. The Reshape targets are run-time values: shapes that do
+    not split the last axis into the same H heads, a mask that does not only drop keys, another
+    dtype, few queries or a gradient run the replaced nodes.
+    """
+
+    def __init__(self, attn: _AttentionRun, q_scale: float, has_mask: bool, replay: Replay):
+        self.attn, self.scale, self.has_mask, self.replay = (
+            attn,
+            attn.scale * q_scale,
+            has_mask,
+            replay,
+        )
+
+    def __call__(self, at, xq, xk, xv, sq, sk, sv, so, mask=None) -> Tensor:
+        heads = self._heads(xq, xk, xv, sq, sk, sv, so)
+        if heads is None or (self.has_mask and mask is None):
+            return self.replay(xq, xk, xv, sq, sk, sv, so, mask)
+        b, lq = xq.shape[:2]
+        s = xk.shape[1]
+        keep = None
+        if mask is not None:
+            m = self.attn._key_mask(mask, b, lq, s)
+            if m is None:
+                return self.replay(xq, xk, xv, sq, sk, sv, so, mask)
+            keep = np.broadcast_to(m._data[:, 0, 0, :], (b, s))
+        from ember.kernels.cpu import attention as A
+
+        y = A.attention(xq._data, xk._data, xv._data, heads, self.scale, keep)
+        return Tensor._wrap(y)
+
+    @staticmethod
+    def _heads(xq, xk, xv, sq, sk, sv, so) -> int | None:
+        """H when the reshapes split (B, L, H*D) Q and (B, S, H*D) K, V into the same H heads
+        and merge them back, and the kernel takes the operands; else None."""
+        f32 = ember.float32
+        if not (xq.ndim == xk.ndim == xv.ndim == 3) or not (
+            xq.dtype == xk.dtype == xv.dtype == f32
+        ):
+            return None
+        from ember.kernels.cpu import attention as A
+
+        b, lq, e = xq.shape
+        if xk.shape != xv.shape or xk.shape[0] != b or xk.shape[2] != e or lq < A.SDPA_MIN_QUERIES:
+            return None
+        if ember.is_grad_enabled() and any(t.requires_grad for t in (xq, xk, xv)):
+            return None
+        tq = _target(sq, xq.shape)
+        if tq is None or len(tq) != 4 or tq[:2] != (b, lq) or tq[2] * tq[3] != e:
+            return None
+        h = tq[2]
+        kv = (b, xk.shape[1], h, tq[3])
+        if _target(sk, xk.shape) != kv or _target(sv, xv.shape) != kv:
+            return None
+        if _target(so, (b, lq, h, tq[3])) != (b, lq, e) or not A._kernels():
+            return None
+        return h
+
+
+def _target(shape: Tensor | None, have: tuple) -> tuple | None:
+    """A Reshape's target (ONNX rules, allowzero 0) for an input of shape have, or None."""
+    if shape is None or shape.ndim != 1 or shape.dtype != ember.int64:
+        return None
+    out = shape._data.tolist()
+    for i, d in enumerate(out):
+        if d == 0:
+            if i >= len(have):
+                return None
+            out[i] = have[i]
+    n = math.prod(have)
+    if out.count(-1) == 1:
+        known = -math.prod(out)
+        if known <= 0 or n % known:
+            return None
+        out[out.index(-1)] = n // known
+    if any(d < 0 for d in out) or math.prod(out) != n:
+        return None
+    return tuple(out)
+
+
+def _split_heads(rw: Rewriter, name: str, at: int, perm: list[int]):
+    """(transpose index, reshape index, x, target) when name = Transpose(Reshape(x, target))
+    with this perm, each read only by the next; else None."""
+    pt = rw.producer.get(name)
+    tr = rw.node(pt)
+    if tr is None or tr.op != "Transpose" or tr.attrs.get("perm") != perm:
+        return None
+    if rw.sole_user(name) != at:
+        return None
+    pr = rw.producer.get(tr.inputs[0])
+    rs = rw.node(pr)
+    if rs is None or rs.op != "Reshape" or len(rs.inputs) != 2 or rs.attrs.get("allowzero", 0):
+        return None
+    if rw.sole_user(tr.inputs[0]) != pt or rs.inputs[0] in rw.consts:
+        return None
+    return pt, pr, rs.inputs[0], rs.inputs[1]
+
+
+def _fuse_attention_heads(rw: Rewriter, i: int) -> None:
+    """The attention node at i with its inputs' head split and its output's merge (see
+    ``_HeadsAttentionRun``)."""
+    att = rw.nodes[i]
+    if len(att.inputs) not in (3, 4) or len(set(att.inputs[:3])) != 3:
+        return
+    parts = [_split_heads(rw, n, i, p) for n, p in zip(att.inputs[:3], _HEAD_PERMS)]
+    if any(p is None for p in parts):
+        return
+    jt = rw.sole_user(att.outputs[0])
+    tr = rw.node(jt)
+    if tr is None or tr.op != "Transpose" or tr.attrs.get("perm") != [0, 2, 1, 3]:
+        return
+    jr = rw.sole_user(tr.outputs[0])
+    rs = rw.node(jr)
+    if rs is None or rs.op != "Reshape" or len(rs.inputs) != 2 or rs.attrs.get("allowzero", 0):
+        return
+    idxs = [k for p in parts for k in p[:2]] + [i, jt, jr]
+    xq, q_scale = parts[0][2], 1.0
+    pm = rw.producer.get(xq)
+    mul = rw.node(pm)
+    if mul is not None and mul.op == "Mul" and rw.sole_user(xq) == parts[0][1]:
+        c = next((n for n in mul.inputs if _scalar(rw, n) is not None), None)
+        c = c if c is not None and rw.const(c).ndim <= 1 else None  # no broadcast to a rank
+        x = _other(mul, c) if c is not None else None
+        if x is not None and x not in rw.consts and _scalar(rw, c) != 0.0:
+            xq, q_scale = x, _scalar(rw, c)
+            idxs.insert(0, pm)
+    nodes = [rw.nodes[k] for k in sorted(idxs)]
+    mask = att.inputs[3:]
+    inputs = [xq, parts[1][2], parts[2][2], parts[0][3], parts[1][3], parts[2][3], rs.inputs[1]]
+    inputs += mask
+    replay = Replay(nodes, inputs, rs.outputs[0], rw.consts)
+    run = _HeadsAttentionRun(att.fn, q_scale, bool(mask), replay)
+    rw.replace(idxs, fused_node("Attention", inputs, [rs.outputs[0]], run, att))
+
+
+_HEAD_PERMS = ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])  # Q, K (as K^T), V
 
 
 # ---- activations ---------------------------------------------------------------------------
@@ -520,6 +729,12 @@ def fuse(rw: Rewriter, products: bool = True) -> None:
             elif nd is not None and nd.op == "Gemm":
                 _fuse_gemm(rw, i, arena)
         rw.index()
+        _fuse_shared_input(rw, arena)
+    masks = _KeyMasks()  # the graph's attention nodes share it
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Softmax":
-            _fuse_attention(rw, i)
+            _fuse_attention(rw, i, masks)
+    rw.index()
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "Attention" and type(nd.fn) is _AttentionRun:
+            _fuse_attention_heads(rw, i)

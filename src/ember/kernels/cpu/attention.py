@@ -23,6 +23,11 @@ took 0.85 ms after a GEMM against 0.61 ms alone.) For its block a task
 3. multiplies P V with the tile kernel straight into the output, each row scaled by its 1 / sum
    as it is stored (sgemm's microkernels and a scaling pass when D is not whole panels).
 
+With many (batch, head) pairs per thread and at most PER_HEAD_MAX_KEYS keys (an encoder at
+batch 1 or 8) there is no pack job: a task is one (batch, head), which packs that head's K into
+its worker's scratch and then runs every block of its queries; and P V reads V where it lies
+(the tile kernel takes B's row stride) when D is whole panels and the keys are few.
+
 Only a (rows x S) block of scores per thread exists at any time (about 300 KB at S = 1500), so
 it stays in L2, where a full (H, L, S) score tensor (54 MB for Whisper's encoder) would stream
 through memory three times. As every key of the row is in the block, the softmax is the exact
@@ -109,8 +114,8 @@ def _tile_ir(mr: int, nv: int, w: int) -> str:
     rows, vecs = range(mr), range(nv)
     acc = [(r, v) for r in rows for v in vecs]
     s = [
-        f"define void @ember_attn_tile_{mr}(i64 %ai, i64 %lda, i64 %bi, i64 %kc, i64 %ci,"
-        " i64 %ldc, i64 %si) #0 {",
+        f"define void @ember_attn_tile_{mr}(i64 %ai, i64 %lda, i64 %bi, i64 %ldb, i64 %kc,"
+        " i64 %ci, i64 %ldc, i64 %si) #0 {",
         "entry:",
         "  %a = inttoptr i64 %ai to ptr",
         "  %b = inttoptr i64 %bi to ptr",
@@ -137,7 +142,7 @@ def _tile_ir(mr: int, nv: int, w: int) -> str:
                 f"  %N{r}_{v} = call {vt} @llvm.fma.v{w}f32({vt} %av{r}, {vt} %bv{v},"
                 f" {vt} %K{r}_{v})"
             ]
-    s += [f"  %bn = getelementptr float, ptr %bk, i64 {nv * w}"]
+    s += ["  %bn = getelementptr float, ptr %bk, i64 %ldb"]
     s += ["  %kk1 = add i64 %kk, 1", "  %more = icmp ult i64 %kk1, %kc"]
     s += ["  br i1 %more, label %k, label %done", "done:"]
     s += ["  %hs = icmp ne i64 %si, 0", "  br i1 %hs, label %scaled, label %plain"]
@@ -198,11 +203,12 @@ def _tile_py(m, args):  # pragma: no cover - compiled
 _t1 = _t2 = _t3 = _t4 = _t5 = _t6 = _t7 = _t8 = _t9 = _t10 = _t11 = _t12 = None  # _build binds
 
 
-def _pack_one_py(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk, pv):  # pragma: no cover - compiled
+def _pack_one_py(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk, pv, pack_v):  # pragma: no cover
     """pk[j, e, c] = k[b, j*NR + c, h*D + e]; pv[p, t, c] = v[b, t, h*D + p*NR + c] for one
     (batch, head); k, v as flat float arrays with their (batch, row) strides in floats.
 
-    Zero-padded past the last key (pk) and the last feature of a head (pv).
+    Zero-padded past the last key (pk) and the last feature of a head (pv); pv only with
+    pack_v (else P V reads v in place).
     """
     d, nr = pk.shape[1], pk.shape[2]
     c0 = h * d
@@ -216,7 +222,7 @@ def _pack_one_py(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk, pv):  # pragma: no
                 dst[c] = kf[k0 + c * ks1 + e]
             for c in range(n, nr):
                 dst[c] = 0.0
-    for p in range(pv.shape[0]):
+    for p in range(pv.shape[0] if pack_v else 0):
         blk = pv[p]
         e0 = b * vs0 + c0 + p * nr
         n = min(nr, d - p * nr)
@@ -232,8 +238,8 @@ def _pack_one_py(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk, pv):  # pragma: no
 # descriptor words (int64) of one call, read by the pool tasks below
 (W_QA, W_QS0, W_QS1, W_LQ, W_HD, W_PK, W_NB, W_NPK, W_D, W_NR, W_PV, W_NPV, W_SLEN, W_MASK,
  W_MASKB, W_HASMASK, W_HEADS, W_SCALE, W_ROWS, W_MR, W_WORK, W_WORKN, W_QUEUE, W_OUT, W_KA,
- W_KS0, W_KS1, W_KSPAN, W_VA, W_VS0, W_VS1, W_VSPAN, W_WORKERS) = range(33)  # fmt: skip
-W_WORDS = 33
+ W_KS0, W_KS1, W_KSPAN, W_VA, W_VS0, W_VS1, W_VSPAN, W_WORKERS, W_PER_HEAD, W_VIN) = range(35)  # fmt: skip
+W_WORDS = 35
 
 
 def _pack_items_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -245,58 +251,102 @@ def _pack_items_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: 
     kf = carray(_vptr(_ld(p, W_KA)), (_ld(p, W_KSPAN),), np.float32)
     vf = carray(_vptr(_ld(p, W_VA)), (_ld(p, W_VSPAN),), np.float32)
     ks0, ks1, vs0, vs1 = _ld(p, W_KS0), _ld(p, W_KS1), _ld(p, W_VS0), _ld(p, W_VS1)
+    vin = _ld(p, W_VIN)
     for item in range(r0, r1):
         b, h = item // nh, item % nh
-        _pack_one(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk[b, h], pv[b, h])
+        _pack_one(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pk[b, h], pv[b, h], vin == 0)
 
 
 def _attention_items_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
     """Pool task: workers r0..r1-1 of the call described at p (see the module doc).
 
-    Worker w takes the next TASKS_PER_GRAB tasks (consecutive blocks of one head) from the
-    call's shared counter until none are left, working in its scratch row ``work[w]``: a thread
-    of the pool that was asleep or preempted when the call started finds fewer tasks left, and
-    the calling thread never waits for more than the tasks a late thread has claimed.
+    Worker w takes the next tasks from the call's shared counter until none are left, working
+    in its scratch row ``work[w]``: a thread of the pool that was asleep or preempted when the
+    call started finds fewer tasks left, and the calling thread never waits for more than the
+    tasks a late thread has claimed. A task is TASKS_PER_GRAB blocks of query rows (the pack
+    job packed every head before), or with W_PER_HEAD one (batch, head): the worker packs its
+    K and V into its scratch row, then runs every block of its queries.
     """
     nb, nh, npk, d, nr = _ld(p, W_NB), _ld(p, W_HEADS), _ld(p, W_NPK), _ld(p, W_D), _ld(p, W_NR)
     npv, s_len, lq, hd = _ld(p, W_NPV), _ld(p, W_SLEN), _ld(p, W_LQ), _ld(p, W_HD)
-    rows, mr = _ld(p, W_ROWS), _ld(p, W_MR)
-    pk = carray(_vptr(_ld(p, W_PK)), (nb, nh, npk, d, nr), np.float32)
-    pv = carray(_vptr(_ld(p, W_PV)), (nb, nh, npv, s_len, nr), np.float32)
+    rows, mr, per_head = _ld(p, W_ROWS), _ld(p, W_MR), _ld(p, W_PER_HEAD)
     mask = carray(_vptr(_ld(p, W_MASK)), (_ld(p, W_MASKB), s_len), np.bool_)
     work = carray(_vptr(_ld(p, W_WORK)), (_ld(p, W_WORKERS), _ld(p, W_WORKN)), np.float32)
     out = carray(_vptr(_ld(p, W_OUT)), (nb, lq, hd), np.float32)
     scale = np.int32(_ld(p, W_SCALE)).view(np.float32)
     qa, qs0, qs1 = _ld(p, W_QA), _ld(p, W_QS0), _ld(p, W_QS1)
-    has_mask, queue = _ld(p, W_HASMASK), _ld(p, W_QUEUE)
-    ntasks = nb * nh * ((lq + rows - 1) // rows)
+    has_mask, queue = _ld(p, W_HASMASK) != 0, _ld(p, W_QUEUE)
+    vin = _ld(p, W_VIN)  # v's address when P V reads it in place (whole panels), else 0
+    vt = (vin, _ld(p, W_VS0), _ld(p, W_VS1))
+    nblk = (lq + rows - 1) // rows
     lds = npk * nr
     for w in range(r0, r1):
         ws = work[w]
         offs = ws[rows * lds : rows * lds + 4 * rows].view(np.int64)
         for r in range(rows):
             offs[rows + r] = r * lds
+        if per_head:
+            kf = carray(_vptr(_ld(p, W_KA)), (_ld(p, W_KSPAN),), np.float32)
+            vf = carray(_vptr(_ld(p, W_VA)), (_ld(p, W_VSPAN),), np.float32)
+            ks0, ks1, vs0, vs1 = _ld(p, W_KS0), _ld(p, W_KS1), _ld(p, W_VS0), _ld(p, W_VS1)
+            k0 = rows * lds + 5 * rows
+            v0 = k0 + npk * d * nr
+            pkh = ws[k0:v0].reshape((npk, d, nr))
+            pvh = ws[v0 : v0 + npv * s_len * nr].reshape((npv, s_len, nr))
+            while True:
+                t = _fetch_add(queue, 1)
+                if t >= nb * nh:
+                    break
+                b, h = t // nh, t % nh
+                _pack_one(kf, ks0, ks1, vf, vs0, vs1, s_len, b, h, pkh, pvh, vin == 0)
+                for q0 in range(0, lq, rows):
+                    _task(b, h, q0, qa, qs0, qs1, lq, hd, pkh, pvh, vt, mask, has_mask, nh,
+                          s_len, scale, rows, mr, ws, out)  # fmt: skip
+            continue
+        pk = carray(_vptr(_ld(p, W_PK)), (nb, nh, npk, d, nr), np.float32)
+        pv = carray(_vptr(_ld(p, W_PV)), (nb, nh, npv, s_len, nr), np.float32)
+        ntasks = nb * nh * nblk
         while True:
             t0 = _fetch_add(queue, TASKS_PER_GRAB)
             if t0 >= ntasks:
                 break
             for task in range(t0, min(ntasks, t0 + TASKS_PER_GRAB)):
-                _task(task, qa, qs0, qs1, lq, hd, pk, pv, mask, has_mask != 0, nh, s_len, scale,
-                      rows, mr, ws, out)  # fmt: skip
+                b, h, q0 = task // (nh * nblk), (task // nblk) % nh, (task % nblk) * rows
+                _task(b, h, q0, qa, qs0, qs1, lq, hd, pk[b, h], pv[b, h], vt, mask, has_mask,
+                      nh, s_len, scale, rows, mr, ws, out)  # fmt: skip
 
 
 def _task_py(
-    task, qa, qs0, qs1, lq, hd, pk, pv, mask, has_mask, num_heads, s_len, scale, rows, mr, ws, out
+    b,
+    h,
+    r0,
+    qa,
+    qs0,
+    qs1,
+    lq,
+    hd,
+    pk,
+    pv,
+    vt,
+    mask,
+    has_mask,
+    num_heads,
+    s_len,
+    scale,
+    rows,
+    mr,
+    ws,
+    out,
 ):  # pragma: no cover - compiled
-    """One (batch, head, block of query rows) task in the worker's scratch ws: the block's
+    """Query rows r0.. (a block of at most rows) of head h of batch b, on that head's packed K
+    (pk: (panels, D, NR)) and V (pv: (panels, S, NR)), in the worker's scratch ws: the block's
     scores (rows x lds floats), then the row offsets of its queries and of its score rows
     (2 * rows int64, the second half filled by the caller), then 1 / sum per row. q: its
-    address and (batch, row) strides in floats (a strided view: a column slice of qkv)."""
+    address and (batch, row) strides in floats (a strided view: a column slice of qkv). vt: v's
+    address and (batch, row) strides when P V reads v in place (address 0: from pv)."""
     d = hd // num_heads
-    nr = pk.shape[4]
-    lds = pk.shape[2] * nr  # score row stride: the keys rounded up to whole panels
-    nblk = (lq + rows - 1) // rows
-    b, h, r0 = task // (num_heads * nblk), (task // nblk) % num_heads, (task % nblk) * rows
+    nr = pk.shape[2]
+    lds = pk.shape[0] * nr  # score row stride: the keys rounded up to whole panels
     m = min(rows, lq - r0)
     os0, os1 = out.strides[0] // 4, out.strides[1] // 4
     ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
@@ -308,12 +358,11 @@ def _task_py(
     # 1. scores: the block's query rows (q's row stride) times each panel of K^T (D deep),
     # whole panels (the score rows are padded to lds; the zero keys past s_len are never read)
     q0 = qa + (b * qs0 + r0 * qs1 + h * d) * 4
-    for j in range(pk.shape[2]):
-        ba = pk[b, h, j].ctypes.data
+    for j in range(pk.shape[0]):
+        ba = pk[j].ctypes.data
         for p in range(0, m, mr):
-            _tile(
-                min(mr, m - p), (q0 + p * qs1 * 4, qs1, ba, d, sa + (p * lds + j * nr) * 4, lds, 0)
-            )
+            c = sa + (p * lds + j * nr) * 4
+            _tile(min(mr, m - p), (q0 + p * qs1 * 4, qs1, ba, nr, d, c, lds, 0))
     # 2. softmax numerators in place, 1 / denominators aside
     for r in range(m):
         s = sc[r]
@@ -331,14 +380,17 @@ def _task_py(
     # last panel is partial (D not a multiple of NR) takes sgemm's masked kernel, then the scaling
     if d % nr == 0:
         ia = inv.ctypes.data
-        for pp in range(pv.shape[2]):
-            ba = pv[b, h, pp].ctypes.data
+        for pp in range(d // nr):
+            if vt[0]:  # v's rows in place: this panel's NR features of each key, at v's stride
+                ba, ldb = vt[0] + (b * vt[1] + h * d + pp * nr) * 4, vt[2]
+            else:
+                ba, ldb = pv[pp].ctypes.data, nr
             for p in range(0, m, mr):
                 c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
-                _tile(min(mr, m - p), (sa + p * lds * 4, lds, ba, s_len, c, os1, ia + p * 4))
+                _tile(min(mr, m - p), (sa + p * lds * 4, lds, ba, ldb, s_len, c, os1, ia + p * 4))
         return
-    for pp in range(pv.shape[2]):
-        ba = pv[b, h, pp].ctypes.data
+    for pp in range(pv.shape[0]):
+        ba = pv[pp].ctypes.data
         nc = min(nr, d - pp * nr)
         for p in range(0, m, mr):
             c = oa + (b * os0 + (r0 + p) * os1 + h * d + pp * nr) * 4
@@ -379,6 +431,15 @@ prange = range
 _expf = _softmax_ext = _softmax_row = _masked_max = _masked_exp = _fetch_add = _task = None
 _tile = _pack_one = _ld = _vptr = carray = None  # bound by _build
 TASKS_PER_GRAB = 2  # blocks a worker takes from the queue at a time (one head's, mostly)
+# a call with at least this many (batch, head) pairs per thread, of at most this many keys, runs
+# a task per head that packs its own K and V (no pack job before it; see _attention_items_py)
+PER_HEAD_TASKS = 4
+PER_HEAD_MAX_KEYS = 512
+# P V reads v where it lies when a head is whole panels (D a multiple of NR) and the keys are
+# few: no copy of V. In one process alternating (ad hoc, 2 threads): ViT-B/16 b1's attention
+# 5.36 -> 4.90 ms, MiniLM-L6 b1's 1.61 -> 1.33 ms (medians); Whisper's 1500 keys (rows 4.6 KB
+# apart in the fused qkv, every query block walking all of them) took 8.45 -> 8.71 ms a layer
+V_IN_PLACE = True
 
 
 def _build() -> dict:
@@ -397,7 +458,7 @@ def _build() -> dict:
     _ENGINE.append(G.jit_ir([_tile_ir(m, nv, w) for m in range(1, TILE_ROWS_MAX + 1)], names))
     i8 = nb.types.int64
     for m, name in enumerate(names, 1):
-        g[f"_t{m}"] = nb.types.ExternalFunction(name, nb.types.void(*([i8] * 7)))
+        g[f"_t{m}"] = nb.types.ExternalFunction(name, nb.types.void(*([i8] * 8)))
     sig = nb.types.float32(nb.types.int64, nb.types.int64, nb.types.float32)
     g["_softmax_ext"] = nb.types.ExternalFunction("ember_softmax_row", sig)
     g["_fetch_add"] = nb.types.ExternalFunction("ember_sgemm_fetch_add", i8(i8, i8))
@@ -481,42 +542,51 @@ def attention(
 
     ws = workspace.local()  # internal buffers: the same memory from call to call
     mr, nr = kern["mr"], kern["nr"]
-    pk = ws("attention.k", (b, num_heads, -(-s_len // nr), d, nr))
-    pv = ws("attention.v", (b, num_heads, -(-d // nr), s_len, nr))
+    npk, npv = -(-s_len // nr), -(-d // nr)
     rows = max(mr, min(8 * mr, SCORE_BLOCK_BYTES // (4 * s_len) // mr * mr))
     threads = get_num_threads()
-    while rows > mr and b * num_heads * -(-lq // rows) < 2 * threads:
+    heads = b * num_heads
+    per_head = s_len <= PER_HEAD_MAX_KEYS and heads >= PER_HEAD_TASKS * threads
+    while not per_head and rows > mr and heads * -(-lq // rows) < 2 * threads:
         rows -= mr  # few (batch, head) pairs: smaller blocks, so every thread has work
     # a mask that keeps every key (a padded batch without padding) is no mask: the masked
     # softmax is a scalar loop (MiniLM b1, 128 tokens: 0.25 vs 0.15 ms per layer)
     has_mask = key_mask is not None and not np.all(key_mask)
     mask = np.ascontiguousarray(key_mask, np.bool_) if has_mask else np.ones((1, s_len), np.bool_)
-    workers = max(1, min(threads, b * num_heads * -(-lq // rows)))
-    work = ws("attention.work", (workers, rows * pk.shape[2] * nr + 5 * rows))  # _task_py
+    nwork = rows * npk * nr + 5 * rows  # _task_py's scratch (+ a head's K and V: per_head)
+    if per_head:
+        workers = min(threads, heads)
+        work = ws("attention.work", (workers, nwork + (npk * d + npv * s_len) * nr))
+        pk = pv = work  # unused
+    else:
+        workers = max(1, min(threads, heads * -(-lq // rows)))
+        work = ws("attention.work", (workers, nwork))
+        pk = ws("attention.k", (b, num_heads, npk, d, nr))
+        pv = ws("attention.v", (b, num_heads, npv, s_len, nr))
     if out is None:
         out = np.empty((b, lq, hd), _F32)
     elif out.shape != (b, lq, hd) or out.dtype != _F32 or not out.flags.c_contiguous:
         raise ValueError(f"attention: out must be a contiguous float32 {(b, lq, hd)} array")
     queue = np.zeros(1, np.int64)  # the next task (see _attention_items_py)
-    desc = np.empty(W_WORDS, np.int64)
-    desc[W_QA], desc[W_QS0], desc[W_QS1] = q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4
-    desc[W_LQ], desc[W_HD], desc[W_NB], desc[W_HEADS], desc[W_D] = lq, hd, b, num_heads, d
-    desc[W_PK], desc[W_NPK], desc[W_NR] = pk.ctypes.data, pk.shape[2], nr
-    desc[W_PV], desc[W_NPV], desc[W_SLEN] = pv.ctypes.data, pv.shape[2], s_len
-    desc[W_MASK], desc[W_MASKB], desc[W_HASMASK] = mask.ctypes.data, mask.shape[0], has_mask
-    desc[W_SCALE] = int(_F32(scale).view(np.int32))
-    desc[W_ROWS], desc[W_MR], desc[W_QUEUE], desc[W_OUT] = (
-        rows,
-        mr,
-        queue.ctypes.data,
-        out.ctypes.data,
-    )
-    desc[W_WORK], desc[W_WORKN], desc[W_WORKERS] = work.ctypes.data, work.shape[1], workers
+    w = [0] * W_WORDS
+    w[W_QA], w[W_QS0], w[W_QS1] = q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4
+    w[W_LQ], w[W_HD], w[W_NB], w[W_HEADS], w[W_D] = lq, hd, b, num_heads, d
+    w[W_PK], w[W_NPK], w[W_NR] = pk.ctypes.data, npk, nr
+    w[W_PV], w[W_NPV], w[W_SLEN] = pv.ctypes.data, npv, s_len
+    w[W_MASK], w[W_MASKB], w[W_HASMASK] = mask.ctypes.data, mask.shape[0], int(has_mask)
+    w[W_SCALE] = int(_F32(scale).view(np.int32))
+    w[W_ROWS], w[W_MR], w[W_QUEUE], w[W_OUT] = rows, mr, queue.ctypes.data, out.ctypes.data
+    w[W_WORK], w[W_WORKN], w[W_WORKERS] = work.ctypes.data, work.shape[1], workers
+    w[W_PER_HEAD] = int(per_head)
+    in_place = V_IN_PLACE and d % nr == 0 and s_len <= PER_HEAD_MAX_KEYS
+    w[W_VIN] = v.ctypes.data if in_place else 0
     for i, a in ((W_KA, k), (W_VA, v)):  # k, v: flat from their first float to their last
         s0, s1 = a.strides[0] // 4, a.strides[1] // 4
-        desc[i], desc[i + 1], desc[i + 2] = a.ctypes.data, s0, s1
-        desc[i + 3] = (b - 1) * s0 + (s_len - 1) * s1 + hd
-    pool.run_items(kern["pack"], desc.ctypes.data, b * num_heads)
+        w[i], w[i + 1], w[i + 2] = a.ctypes.data, s0, s1
+        w[i + 3] = (b - 1) * s0 + (s_len - 1) * s1 + hd
+    desc = np.array(w, np.int64)
+    if not per_head:
+        pool.run_items(kern["pack"], desc.ctypes.data, heads)
     pool.run_items(kern["attention"], desc.ctypes.data, workers)
     return out
 

@@ -179,13 +179,29 @@ def _chunk(rows: int, threads: int, per_row: int, most: int) -> int:
     return max(1, min(-(-rows // (TASKS_PER_THREAD * threads)), most // max(per_row, 1)))
 
 
-def gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int) -> None:
-    """gemm.gemm's product (operands checked by it) as tasks on the pool."""
+def gemm(
+    a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int, rows: int | None = None
+) -> None:
+    """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
+    rows of a task (default CHUNK_PIXELS, rounded down to whole tiles)."""
+    params, tasks = gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows)
+    _go("gemm", params, tasks, 1)
+
+
+def run_gemm(params: np.ndarray, tasks: int) -> None:
+    """A product from gemm_params' words (a caller that keeps them updates P_A, P_RES, P_OUT)."""
+    _go("gemm", params, tasks, 1)
+
+
+def gemm_params(
+    a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int, rows: int | None = None
+) -> tuple[np.ndarray, int]:
+    """The parameter block and task count of gemm's product."""
     g = G._state()
     m, o = out.shape
     panels, kk, nr = packed.shape
     mr = g["mr"]
-    rows = max(mr, (G.CHUNK_PIXELS // mr) * mr)
+    rows = max(mr, (G.CHUNK_PIXELS // mr) * mr) if rows is None else max(1, rows)
     tasks_m = -(-m // rows)
     want = TASKS_PER_THREAD * threads
     tasks_p = min(panels, -(-want // tasks_m)) if tasks_m < want else 1
@@ -198,7 +214,7 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int) -> No
          rows, G.k_block(panels, kk), m, o, panels, kk, nr, len(tapoff)],
         np.int64,
     )  # fmt: skip
-    _go("gemm", params, tasks_m * tasks_p, 1)
+    return params, tasks_m * tasks_p
 
 
 def depthwise(x, w, bias, out, sh, sw, pt, pl, act: int, threads: int) -> None:
