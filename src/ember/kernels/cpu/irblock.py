@@ -1,0 +1,224 @@
+"""MobileNetV2's inverted-residual block as one kernel: 1x1 expand, depthwise, 1x1 project.
+
+    e = act_e(x @ We + be)            (N, H, W, Ce)    skipped when the block has no expand
+    d = act_d(depthwise(e) + bd)      (N, OH, OW, Ce)
+    y = act_p(d @ Wp + bp [+ res])    (N, OH, OW, Co)
+
+Run as three layers, the expanded activations e and d (6x the block's input channels) go
+through memory in full: at batch 1 MobileNetV2's 112x112x96 and 56x56x144 maps are 4.8 and
+1.8 MB, written by one kernel and read back by the next. Here each task computes a band of
+output rows of one image, in sub-bands of a few rows: it expands only the input rows the
+sub-band's depthwise windows need (the last ``kh - sh`` of them are kept for the next
+sub-band, not recomputed), runs the depthwise rows into a second scratch, and projects them
+into the output (residual and bias added in the GEMM's store). The scratch of a sub-band is
+sized to stay in L2, so e and d never leave the core's caches; the next block reads the
+output, which is the narrow map. Bands are tasks on ember's pool (kernels.cpu.pool); a band
+boundary recomputes ``kh - sh`` expanded rows, so bands are no thinner than ``MIN_BAND`` rows.
+
+The pieces are the unfused kernels' own: the expand and project products are the packed
+GEMM's ``_block`` (gemm.block_kernel: the same microkernels, the same blocking of K), the
+depthwise rows dwconv's vector kernels (``dwconv.state()["rows"]``), so each value is computed
+by the same sequence of operations as in the three separate layers and the results are
+bitwise theirs. Where those kernels or the pool do not run, ``state()`` is None and the
+caller runs the three layers.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ember.kernels.cpu import gemm as G
+
+_STATE: dict = {}
+carray = None  # numba.carray, bound by _build
+_ld = _vptr = _block = _dw_rows = None  # bound by _build
+
+# descriptor words
+(D_X, D_N, D_H, D_W, D_CIN, D_HAS_E, D_EP, D_EB, D_CE, D_EACT, D_DW, D_DB, D_KH, D_KW, D_SH,
+ D_SW, D_PT, D_PL, D_DACT, D_OH, D_OW, D_PP, D_PB, D_CO, D_PACT, D_RES, D_HAS_R, D_OUT, D_TPI,
+ D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK,
+ D_WORDS) = range(40)  # fmt: skip
+
+MIN_BAND = 4  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
+TASKS_PER_THREAD = 4  # bands per thread (when the map has that many MIN_BAND-row bands)
+L2_BUDGET = 384 << 10  # bytes of scratch (expanded rows + depthwise rows) per sub-band
+
+
+def _gemm_rows_py(aa, ra, tap0, ba, oa, bsa, rsa, m, o, k, nr, mr, kblock, chunk, flags, act):
+    """out (m, o) at oa = act(A (m, k) @ panels + bias [+ res]) for rows at aa + ra[p] (one
+    tap): gemm._driver_py's loop on one thread (pragma: no cover - compiled)."""
+    panels = (o + nr - 1) // nr
+    g = max(1, kblock // k)
+    ncs = 1 if k <= kblock else (k + kblock - 1) // kblock
+    nkb = 1 if ncs == 1 else ncs
+    lo = np.float32(-np.inf if act == 0 else 0.0)
+    hi = np.float32(6.0 if act == 2 else np.inf)
+    for q0 in range(0, m, chunk):
+        _block(q0, min(q0 + chunk, m), 0, panels, aa, ra, tap0, ba, oa, bsa, rsa, o, k, nr, 1, k,
+               g, ncs, nkb, mr, flags, lo, hi)  # fmt: skip
+
+
+_gemm_rows = None  # compiled by _build
+
+
+def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
+    """Bands i0..i1-1 (image, band of output rows) of the block described at p."""
+    xa, h, wd, cin = _ld(p, D_X), _ld(p, D_H), _ld(p, D_W), _ld(p, D_CIN)
+    has_e, epa, eba, ce, eact = (_ld(p, D_HAS_E), _ld(p, D_EP), _ld(p, D_EB), _ld(p, D_CE),
+                                 _ld(p, D_EACT))  # fmt: skip
+    kh, kw, sh, sw = _ld(p, D_KH), _ld(p, D_KW), _ld(p, D_SH), _ld(p, D_SW)
+    pt, pl, dact, oh, ow = _ld(p, D_PT), _ld(p, D_PL), _ld(p, D_DACT), _ld(p, D_OH), _ld(p, D_OW)
+    ppa, pba, co, pact = _ld(p, D_PP), _ld(p, D_PB), _ld(p, D_CO), _ld(p, D_PACT)
+    ra, has_r, oa, tpi, rsub = _ld(p, D_RES), _ld(p, D_HAS_R), _ld(p, D_OUT), _ld(p, D_TPI), _ld(
+        p, D_RSUB)
+    sa, slot, roi, roe, tap0 = _ld(p, D_SCR), _ld(p, D_SLOT), _ld(p, D_ROI), _ld(p, D_ROE), _ld(
+        p, D_TAP0)
+    mr, nr, kblock, chunk = _ld(p, D_MR), _ld(p, D_NR), _ld(p, D_KBLOCK), _ld(p, D_CHUNK)
+    wdw = carray(_vptr(_ld(p, D_DW)), (kh, kw, ce), np.float32)
+    bdw = carray(_vptr(_ld(p, D_DB)), (ce,), np.float32)
+    erow = wd * ce  # floats of one expanded row
+    ecap = (rsub - 1) * sh + kh  # expanded rows a sub-band needs at most
+    pflags = 6 if has_r else 2
+    for item in range(i0, i1):
+        b, k = item // tpi, item % tpi
+        y0, y1 = oh * k // tpi, oh * (k + 1) // tpi
+        ea = sa + item * slot * 4
+        da = ea + ecap * erow * 4
+        e = carray(_vptr(ea), (ecap * erow,), np.float32)
+        e_lo, e_hi = 0, 0  # the input rows whose expansion E holds (from its first row)
+        for ya in range(y0, y1, rsub):
+            yb = min(y1, ya + rsub)
+            lo = max(0, ya * sh - pt)
+            hi = max(lo, min(h, (yb - 1) * sh - pt + kh))
+            if has_e:
+                start = lo
+                if e_lo <= lo < e_hi:  # rows the last sub-band expanded: move them to the front
+                    if lo > e_lo:
+                        off = (lo - e_lo) * erow
+                        for t in range((e_hi - lo) * erow):
+                            e[t] = e[off + t]
+                    start = e_hi
+                if hi > start:
+                    _gemm_rows(xa + (b * h + start) * wd * cin * 4, roi, tap0, epa,
+                               ea + (start - lo) * erow * 4, eba, ea, (hi - start) * wd, ce, cin,
+                               nr, mr, kblock, chunk, 2, eact)  # fmt: skip
+                src = ea
+                e_lo, e_hi = lo, hi
+            else:
+                src = xa + (b * h + lo) * erow * 4  # the block's input itself (cin == ce)
+            xin = carray(_vptr(src), (1, hi - lo, wd, ce), np.float32)
+            dv = carray(_vptr(da), (1, yb - ya, ow, ce), np.float32)
+            _dw_rows(xin, wdw, bdw, dv, sh, sw, pt + lo - ya * sh, pl, dact, 0, yb - ya)
+            off = (b * oh + ya) * ow * co * 4
+            _gemm_rows(da, roe, tap0, ppa, oa + off, pba, ra + off if has_r else oa + off,
+                       (yb - ya) * ow, co, ce, nr, mr, kblock, chunk, pflags, pact)  # fmt: skip
+
+
+def _build(nb) -> dict:
+    from numba import types
+
+    from ember.kernels.cpu import dwconv, pool
+
+    dw = dwconv.state()
+    if dw is None or G.block_kernel() is None or pool.state() is None:
+        return {"ok": False}
+    ld, vptr = pool.intrinsics()
+    g = globals()
+    g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), _dw_rows=dw["rows"], carray=nb.carray)
+    g["_gemm_rows"] = nb.njit(nogil=True, cache=True)(_gemm_rows_py)
+    sig = types.void(*([types.int64] * 12))
+    task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
+    return {"ok": True, "task": task, "fn": task.address}
+
+
+def state() -> dict | None:
+    """The compiled task (built once), or None where the block must run as three layers."""
+    if "ok" not in _STATE:
+        _STATE["ok"] = False
+        from ember.kernels.cpu import numba_or_none
+
+        nb = numba_or_none()
+        if nb is not None and G.isa() is not None:
+            _STATE.update(_build(nb))
+    return _STATE if _STATE["ok"] else None
+
+
+_scratch = threading.local()
+
+
+def _scratch_floats(size: int) -> np.ndarray:
+    """This thread's scratch of at least size floats (grown, never shrunk: its pages stay)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _scratch.buf = np.empty(size, np.float32)
+    return buf
+
+
+def _rowoffs(rows: int, k: int) -> np.ndarray:
+    return np.arange(rows, dtype=np.int64) * k
+
+
+_TAP0 = np.zeros(1, np.int64)
+
+
+class Plan:
+    """One block's task layout for one input shape: the descriptor (operand addresses filled
+    per call), the bands and the scratch they need."""
+
+    def __init__(self, n: int, h: int, w: int, cin: int, expand, dw, stride, pads, project,
+                 has_res: bool, threads: int) -> None:  # fmt: skip
+        """expand: (panels, bias, act) or None (cin is then the depthwise's channels); dw:
+        (weight (kh, kw, Ce), bias, act); project: (panels, bias, co, act); pads (top, bottom, left, right)."""
+        g = G._state()
+        mr, nr = g["mr"], g["nr"]
+        wdw, bdw, dact = dw
+        kh, kw, ce = wdw.shape
+        (sh, sw), (pt, pb_, pl, pr) = stride, pads
+        pp, pb, co, pact = project
+        oh, ow = self.out_hw = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
+        bands = max(1, oh // MIN_BAND)
+        tpi = min(bands, -(-TASKS_PER_THREAD * threads // n))
+        if n * tpi < threads:
+            tpi = min(oh, -(-threads // n))
+        erow = w * ce * 4
+        rsub = (L2_BUDGET - max(kh - sh, 0) * erow) // (sh * erow + ow * ce * 4)
+        rsub = max(1, min(rsub, -(-oh // tpi)))
+        ecap = (rsub - 1) * sh + kh
+        slot = -(-(ecap * w * ce + rsub * ow * ce) // 16) * 16
+        self.items, self.slot, self.n, self.co = n * tpi, slot, n, co
+        self.roi = _rowoffs(ecap * w, cin)
+        self.roe = _rowoffs(rsub * ow, ce)
+        self.keep = (expand, dw, project)  # the arrays the descriptor points into
+        ep, eb, eact = expand if expand is not None else (None, None, 0)
+        d = np.zeros(D_WORDS, np.int64)
+        d[D_N], d[D_H], d[D_W], d[D_CIN] = n, h, w, cin
+        d[D_HAS_E] = expand is not None
+        if expand is not None:
+            d[D_EP], d[D_EB], d[D_EACT] = ep.ctypes.data, eb.ctypes.data, eact
+        d[D_CE], d[D_DW], d[D_DB], d[D_KH], d[D_KW] = ce, wdw.ctypes.data, bdw.ctypes.data, kh, kw
+        d[D_SH], d[D_SW], d[D_PT], d[D_PL], d[D_DACT] = sh, sw, pt, pl, dact
+        d[D_OH], d[D_OW], d[D_PP], d[D_PB], d[D_CO], d[D_PACT] = oh, ow, pp.ctypes.data, \
+            pb.ctypes.data, co, pact  # fmt: skip
+        d[D_HAS_R], d[D_TPI], d[D_RSUB], d[D_SLOT] = has_res, tpi, rsub, slot
+        d[D_ROI], d[D_ROE], d[D_TAP0] = self.roi.ctypes.data, self.roe.ctypes.data, _TAP0.ctypes.data
+        d[D_MR], d[D_NR], d[D_KBLOCK], d[D_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
+        self.desc = d
+
+    def run(self, x: np.ndarray, res: np.ndarray | None) -> np.ndarray:
+        """The block's output (N, OH, OW, Co) for x (N, H, W, Cin) and res (that shape or None),
+        both contiguous float32 (the caller checks)."""
+        from ember.kernels.cpu import pool
+
+        out = np.empty((self.n, *self.out_hw, self.co), np.float32)
+        scr = _scratch_floats(self.items * self.slot)
+        d = self.desc.copy()  # the node may run in several threads at once
+        d[D_X], d[D_OUT], d[D_SCR] = x.ctypes.data, out.ctypes.data, scr.ctypes.data
+        d[D_RES] = 0 if res is None else res.ctypes.data
+        pool.run_items(_STATE["fn"], d.ctypes.data, self.items, 1)
+        return out
+
+
+def _out(size: int, k: int, s: int, lo: int, hi: int) -> int:
+    return (size + lo + hi - k) // s + 1
