@@ -35,7 +35,7 @@ import threading
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
+from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none, renamed
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
 from ember.threads import get_num_threads
@@ -335,6 +335,8 @@ def _build_nhwc(nb):
                     acc[t] += row[t]
         return parts
 
+    channel_sums_serial = nb.njit(**opts)(renamed(channel_sums.py_func, "serial"))
+
     @nb.njit(parallel=True, **opts)
     def post(y, act, scale, shift):  # pragma: no cover - compiled
         for r in nb.prange(y.shape[0]):
@@ -351,6 +353,7 @@ def _build_nhwc(nb):
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial, "window_rows": window_rows,
         "convt_small": convt_small, "channel_sums": channel_sums, "nchw_to_nhwc": nchw_to_nhwc,
+        "channel_sums_serial": channel_sums_serial,
     }  # fmt: skip
 
 
@@ -451,6 +454,11 @@ def conv_transpose(x, wt, bias, out, act: int) -> np.ndarray:
     return k["convt_small"](x, wt, bias, out, act)
 
 
+# smaller inputs are summed on the calling thread: numba's parallel region woke its sleeping
+# workers for MobileNetV2's 7x7x1280 map, 46-65 us in the network, ~5 alone
+CHANNEL_MEAN_SERIAL_BELOW = 1 << 18
+
+
 def channel_mean(x: np.ndarray) -> np.ndarray:
     """x (N, M, C) contiguous float32 -> (N, C) float32: the mean over M, summed in float64.
 
@@ -465,7 +473,8 @@ def channel_mean(x: np.ndarray) -> np.ndarray:
     if k is None:
         return x.mean(axis=1, dtype=np.float64).astype(_F32)
     parts = np.empty((n, max(1, min(8, m // 64)), c), np.float64)
-    return (k["channel_sums"](x, parts).sum(axis=1) / m).astype(_F32)
+    sums = k["channel_sums_serial" if x.size < CHANNEL_MEAN_SERIAL_BELOW else "channel_sums"]
+    return (sums(x, parts).sum(axis=1) / m).astype(_F32)
 
 
 def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -589,15 +598,13 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     m = n * oh * ow
     out = np.empty((n, oh, ow, o), _F32)
     r = None if res is None else nhwc(res).reshape(m, o)
-    if c < WINDOW_ROWS_BELOW_CHANNELS and kw > 1:  # few channels: taps kw*C deep
-        src = _window_rows(x, kw, sw, ow, pads)
-        geom = ((kh, 1), (sh, 1))
-    else:
-        pad = pt or pb or pl or pr
-        # a padded NCHW float32 input is transposed straight into the padded buffer (one copy)
-        a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
-        src = _padded(a, pt, pb, pl, pr) if pad else a
-        geom = ((kh, kw), (sh, sw))
+    pad = pt or pb or pl or pr
+    # a padded NCHW float32 input is transposed straight into the padded buffer (one copy)
+    a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
+    src = _padded(a, pt, pb, pl, pr) if pad else a
+    geom = ((kh, kw), (sh, sw))
+    if c < WINDOW_ROWS_BELOW_CHANNELS:  # few channels: a kernel row's kw*C floats are one tap
+        geom = ((kh, 1), (sh, sw))
     key = (src.shape, geom, oh, ow)
     offs = _OFFSETS.get(key)
     if offs is None:
