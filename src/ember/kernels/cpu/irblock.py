@@ -178,8 +178,12 @@ class Plan:
         (sh, sw), (pt, pb_, pl, pr) = stride, pads
         pp, pb, co, pact = project
         oh, ow = self.out_hw = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
-        bands = max(1, oh // MIN_BAND)
-        tpi = min(bands, -(-TASKS_PER_THREAD * threads // n))
+        # bands per image: TASKS_PER_THREAD per thread over the batch when the map has that
+        # many MIN_BAND-row bands; a multiple of the threads when there are few of them (3 bands
+        # of a 14x14 map on 2 threads: one thread computes two)
+        tpi = min(max(1, oh // MIN_BAND), -(-TASKS_PER_THREAD * threads // n))
+        if n * tpi < TASKS_PER_THREAD * threads and n * tpi > threads:
+            tpi = max(1, (n * tpi // threads) * threads // n)
         if n * tpi < threads:
             tpi = min(oh, -(-threads // n))
         erow = w * ce * 4
