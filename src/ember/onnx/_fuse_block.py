@@ -27,6 +27,7 @@ from ember.tensor import Tensor
 _F32 = np.dtype(np.float32)
 _ACT = {None: 0, "relu": 1, "relu6": 2}
 _PLANS_MAX = 64  # input shapes a node remembers
+KXK_EXPAND = True
 
 
 def _simple(run) -> bool:
@@ -42,6 +43,10 @@ def _simple(run) -> bool:
 
 def _pointwise(run) -> bool:
     return _simple(run) and run.groups == 1 and run.k == [1, 1] and run.w._data.panels is not None
+
+
+def _dense(run) -> bool:
+    return _simple(run) and run.groups == 1 and run.w._data.panels is not None
 
 
 def _depthwise(run) -> bool:
@@ -67,31 +72,51 @@ class _BlockRun:
 
         key = (x.shape, x._data.dtype, None if res is None else (res.shape, res._data.dtype),
                get_num_threads())  # fmt: skip
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan(x, res, key[-1])
+        hit = self._plans.get(key)
+        if hit is None:
+            hit = self._plan(x, res, key[-1])
             if len(self._plans) < _PLANS_MAX:
-                self._plans[key] = plan
-        if plan is False or (ember.is_grad_enabled() and x.requires_grad):
+                self._plans[key] = hit
+        if hit is False or (ember.is_grad_enabled() and x.requires_grad):
             return self._replay(at, x, res)
+        plan, pads = hit
+        d, nchw = x._data, None
         r = None if res is None else K.nhwc(res._data)
-        return Tensor._wrap(K.channels_last(plan.run(K.nhwc(x._data), r)))
+        if not any(pads):
+            src = K.nhwc(d)
+        elif d.flags.c_contiguous:  # an NCHW image: the tasks copy the rows they need
+            n, c, h, w = d.shape
+            pt, pb, pl, pr = pads
+            src = K._buffer(("pad", n, h, w, c, *pads), (n, h + pt + pb, w + pl + pr, c))
+            nchw = d
+        else:  # the expand's zero-padded NHWC input, as conv_gemm makes it
+            src = K._padded(d.transpose(0, 2, 3, 1), *pads)
+        return Tensor._wrap(K.channels_last(plan.run(src, r, nchw)))
 
     def _plan(self, x: Tensor, res: Tensor | None, threads: int):
-        """irblock's Plan for this input shape, or False (the three convs run instead)."""
+        """(irblock's Plan for this input shape, the expand's pads), or False (the three convs
+        run instead)."""
         from ember.kernels.cpu import irblock
 
         if irblock.state() is None or x.ndim != 4 or x._data.dtype != _F32:
             return False
         n, c, h, w = x.shape
         e, d, p = self.expand, self.dw, self.project
-        expand = None
+        expand, epads, src = None, (0, 0, 0, 0), (h, w, c)
         if e is not None:
-            s, _, lo, hi = _geometry(e.conv_at, [h, w], e.k)
-            if list(s) != [1, 1] or any(lo) or any(hi) or e.w.shape[1] != c:
+            (esh, esw), _, lo, hi = _geometry(e.conv_at, [h, w], e.k)
+            (kh, kw), hp, wp = e.k, h + lo[0] + hi[0], w + lo[1] + hi[1]
+            if min(lo + hi) < 0 or e.w.shape[1] != c or hp < kh or wp < kw:
                 return False
-            expand = (e.w._data.panels, e.b._data, _ACT[e.act])
-            c = e.w.shape[0]
+            epads, src = (lo[0], hi[0], lo[1], hi[1]), (hp, wp, c)
+            if c < K.WINDOW_ROWS_BELOW_CHANNELS:  # a kernel row is one tap, as in conv_gemm
+                taps, kc = np.arange(kh, dtype=np.int64) * wp * c, kw * c
+            else:
+                taps = np.array([(i * wp + j) * c for i in range(kh) for j in range(kw)], np.int64)
+                kc = c
+            expand = (e.w._data.panels, e.b._data, _ACT[e.act], taps, kc, (esh, esw),
+                      (kh, lo[0], lo[1], h, w))  # fmt: skip
+            h, w, c = (hp - kh) // esh + 1, (wp - kw) // esw + 1, e.w.shape[0]
         wdw = d.w._data.panels
         if wdw.shape[2] != c or d.w.shape[0] != c:
             return False
@@ -106,11 +131,12 @@ class _BlockRun:
         co = p.w.shape[0]
         if res is not None and (tuple(res.shape) != (n, co, oh, ow) or res._data.dtype != _F32):
             return False
-        return irblock.Plan(
-            n, h, w, x.shape[1], expand, (wdw, d.b._data, _ACT[d.act]), tuple(s),
+        plan = irblock.Plan(
+            n, h, w, src, expand, (wdw, d.b._data, _ACT[d.act]), tuple(s),
             (lo[0], hi[0], lo[1], hi[1]), (p.w._data.panels, p.b._data, co, _ACT[p.act]),
             res is not None, threads,
         )  # fmt: skip
+        return plan, epads
 
 
 def fuse(rw: Rewriter) -> None:
@@ -135,7 +161,7 @@ def fuse(rw: Rewriter) -> None:
             en is not None
             and en.op == "FusedConv"
             and len(en.inputs) == 1
-            and _pointwise(en.fn)
+            and (_dense(en.fn) if KXK_EXPAND else _pointwise(en.fn))
             and rw.sole_user(x) == i
         ):
             idxs, x, expand = [k, i, j], en.inputs[0], en.fn

@@ -36,28 +36,29 @@ carray = None  # numba.carray, bound by _build
 _ld = _vptr = _block = _dw_rows = None  # bound by _build
 
 # descriptor words
-(D_X, D_N, D_H, D_W, D_CIN, D_HAS_E, D_EP, D_EB, D_CE, D_EACT, D_DW, D_DB, D_KH, D_KW, D_SH,
+(D_X, D_N, D_H, D_W, D_HAS_E, D_EP, D_EB, D_CE, D_EACT, D_DW, D_DB, D_KH, D_KW, D_SH,
  D_SW, D_PT, D_PL, D_DACT, D_OH, D_OW, D_PP, D_PB, D_CO, D_PACT, D_RES, D_HAS_R, D_OUT, D_TPI,
- D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK,
- D_WORDS) = range(40)  # fmt: skip
+ D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK, D_ETAP, D_ENT,
+ D_EKC, D_XROW, D_XIMG, D_SRC, D_SC, D_SH_IN, D_SW_IN, D_SPT, D_SPL, D_EKH, D_ESH,
+ D_WORDS) = range(52)  # fmt: skip
 
-MIN_BAND = 4  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
+MIN_BAND = 8  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
 TASKS_PER_THREAD = 4  # bands per thread (when the map has that many MIN_BAND-row bands)
 L2_BUDGET = 384 << 10  # bytes of scratch (expanded rows + depthwise rows) per sub-band
 
 
-def _gemm_rows_py(aa, ra, tap0, ba, oa, bsa, rsa, m, o, k, nr, mr, kblock, chunk, flags, act):
-    """out (m, o) at oa = act(A (m, k) @ panels + bias [+ res]) for rows at aa + ra[p] (one
-    tap): gemm._driver_py's loop on one thread (pragma: no cover - compiled)."""
+def _gemm_rows_py(aa, ra, ta, nt, kc, ba, oa, bsa, rsa, m, o, nr, mr, kblock, chunk, flags, act):
+    """out (m, o) at oa = act(sum_t A_t @ W_t + bias [+ res]), A_t's rows at aa + ra[p] + ta[t]
+    (nt taps of kc floats): gemm._driver_py's loop on one thread (pragma: no cover - compiled)."""
     panels = (o + nr - 1) // nr
-    g = max(1, kblock // k)
-    ncs = 1 if k <= kblock else (k + kblock - 1) // kblock
-    nkb = 1 if ncs == 1 else ncs
+    g = max(1, kblock // kc)
+    ncs = 1 if kc <= kblock else (kc + kblock - 1) // kblock
+    nkb = (nt + g - 1) // g if ncs == 1 else nt * ncs
     lo = np.float32(-np.inf if act == 0 else 0.0)
     hi = np.float32(6.0 if act == 2 else np.inf)
     for q0 in range(0, m, chunk):
-        _block(q0, min(q0 + chunk, m), 0, panels, aa, ra, tap0, ba, oa, bsa, rsa, o, k, nr, 1, k,
-               g, ncs, nkb, mr, flags, lo, hi)  # fmt: skip
+        _block(q0, min(q0 + chunk, m), 0, panels, aa, ra, ta, ba, oa, bsa, rsa, o, nt * kc, nr,
+               nt, kc, g, ncs, nkb, mr, flags, lo, hi)  # fmt: skip
 
 
 _gemm_rows = None  # compiled by _build
@@ -65,7 +66,7 @@ _gemm_rows = None  # compiled by _build
 
 def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
     """Bands i0..i1-1 (image, band of output rows) of the block described at p."""
-    xa, h, wd, cin = _ld(p, D_X), _ld(p, D_H), _ld(p, D_W), _ld(p, D_CIN)
+    xa, h, wd = _ld(p, D_X), _ld(p, D_H), _ld(p, D_W)
     has_e, epa, eba, ce, eact = (_ld(p, D_HAS_E), _ld(p, D_EP), _ld(p, D_EB), _ld(p, D_CE),
                                  _ld(p, D_EACT))  # fmt: skip
     kh, kw, sh, sw = _ld(p, D_KH), _ld(p, D_KW), _ld(p, D_SH), _ld(p, D_SW)
@@ -76,6 +77,12 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
     sa, slot, roi, roe, tap0 = _ld(p, D_SCR), _ld(p, D_SLOT), _ld(p, D_ROI), _ld(p, D_ROE), _ld(
         p, D_TAP0)
     mr, nr, kblock, chunk = _ld(p, D_MR), _ld(p, D_NR), _ld(p, D_KBLOCK), _ld(p, D_CHUNK)
+    eta, ent, ekc, xrow, ximg = (_ld(p, D_ETAP), _ld(p, D_ENT), _ld(p, D_EKC), _ld(p, D_XROW),
+                                 _ld(p, D_XIMG))  # fmt: skip
+    nchw, sc, hin, win, spt, spl = (_ld(p, D_SRC), _ld(p, D_SC), _ld(p, D_SH_IN), _ld(p, D_SW_IN),
+                                    _ld(p, D_SPT), _ld(p, D_SPL))  # fmt: skip
+    ekh, esh = _ld(p, D_EKH), _ld(p, D_ESH)
+    wp = xrow // (esh * sc)  # the padded input's width
     wdw = carray(_vptr(_ld(p, D_DW)), (kh, kw, ce), np.float32)
     bdw = carray(_vptr(_ld(p, D_DB)), (ce,), np.float32)
     erow = wd * ce  # floats of one expanded row
@@ -88,6 +95,7 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
         da = ea + ecap * erow * 4
         e = carray(_vptr(ea), (ecap * erow,), np.float32)
         e_lo, e_hi = 0, 0  # the input rows whose expansion E holds (from its first row)
+        c_hi = 0  # the NCHW source's rows this task has written into the padded input so far
         for ya in range(y0, y1, rsub):
             yb = min(y1, ya + rsub)
             lo = max(0, ya * sh - pt)
@@ -100,20 +108,32 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
                         for t in range((e_hi - lo) * erow):
                             e[t] = e[off + t]
                     start = e_hi
+                if hi > start and nchw != 0:  # the padded NHWC rows the expand reads, made here
+                    i0_ = max(c_hi, start * esh - spt, 0)
+                    i1_ = min(hin, (hi - 1) * esh + ekh - spt)
+                    for ih in range(i0_, i1_):
+                        dst = carray(_vptr(xa + (b * ximg + ((ih + spt) * wp + spl) * sc) * 4),
+                                     (win * sc,), np.float32)  # fmt: skip
+                        for ch in range(sc):
+                            row = carray(_vptr(nchw + (((b * sc + ch) * hin + ih) * win) * 4),
+                                         (win,), np.float32)  # fmt: skip
+                            for t in range(win):
+                                dst[t * sc + ch] = row[t]
+                    c_hi = max(c_hi, i1_)
                 if hi > start:
-                    _gemm_rows(xa + (b * h + start) * wd * cin * 4, roi, tap0, epa,
-                               ea + (start - lo) * erow * 4, eba, ea, (hi - start) * wd, ce, cin,
-                               nr, mr, kblock, chunk, 2, eact)  # fmt: skip
+                    _gemm_rows(xa + (b * ximg + start * xrow) * 4, roi, eta, ent, ekc, epa,
+                               ea + (start - lo) * erow * 4, eba, ea, (hi - start) * wd, ce, nr,
+                               mr, kblock, chunk, 2, eact)  # fmt: skip
                 src = ea
                 e_lo, e_hi = lo, hi
             else:
-                src = xa + (b * h + lo) * erow * 4  # the block's input itself (cin == ce)
+                src = xa + (b * ximg + lo * xrow) * 4  # the block's input itself (cin == ce)
             xin = carray(_vptr(src), (1, hi - lo, wd, ce), np.float32)
             dv = carray(_vptr(da), (1, yb - ya, ow, ce), np.float32)
             _dw_rows(xin, wdw, bdw, dv, sh, sw, pt + lo - ya * sh, pl, dact, 0, yb - ya)
             off = (b * oh + ya) * ow * co * 4
-            _gemm_rows(da, roe, tap0, ppa, oa + off, pba, ra + off if has_r else oa + off,
-                       (yb - ya) * ow, co, ce, nr, mr, kblock, chunk, pflags, pact)  # fmt: skip
+            _gemm_rows(da, roe, tap0, 1, ce, ppa, oa + off, pba, ra + off if has_r else oa + off,
+                       (yb - ya) * ow, co, nr, mr, kblock, chunk, pflags, pact)  # fmt: skip
 
 
 def _build(nb) -> dict:
@@ -167,10 +187,14 @@ class Plan:
     """One block's task layout for one input shape: the descriptor (operand addresses filled
     per call), the bands and the scratch they need."""
 
-    def __init__(self, n: int, h: int, w: int, cin: int, expand, dw, stride, pads, project,
+    def __init__(self, n: int, h: int, w: int, src: tuple, expand, dw, stride, pads, project,
                  has_res: bool, threads: int) -> None:  # fmt: skip
-        """expand: (panels, bias, act) or None (cin is then the depthwise's channels); dw:
-        (weight (kh, kw, Ce), bias, act); project: (panels, bias, co, act); pads (top, bottom, left, right)."""
+        """h, w: the depthwise's input size; src (hp, wp, c): the NHWC array ``run`` gets (the
+        expand's zero-padded input, or the depthwise's input when there is no expand);
+        expand: (panels, bias, act, tap offsets, floats per tap, (row, column) stride, (kernel
+        rows, top and left padding, unpadded height and width)) or None;
+        dw: (weight (kh, kw, Ce), bias, act); project: (panels, bias, co, act); stride and pads
+        (top, bottom, left, right) the depthwise's."""
         g = G._state()
         mr, nr = g["mr"], g["nr"]
         wdw, bdw, dact = dw
@@ -192,15 +216,22 @@ class Plan:
         ecap = (rsub - 1) * sh + kh
         slot = -(-(ecap * w * ce + rsub * ow * ce) // 16) * 16
         self.items, self.slot, self.n, self.co = n * tpi, slot, n, co
-        self.roi = _rowoffs(ecap * w, cin)
+        hp, wp, c = src
+        ep, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
+            expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w)))
+        q = np.arange(ecap * w, dtype=np.int64)
+        self.roi = ((q // w) * esh * wp + (q % w) * esw) * c  # from the row block's origin
         self.roe = _rowoffs(rsub * ow, ce)
         self.keep = (expand, dw, project)  # the arrays the descriptor points into
-        ep, eb, eact = expand if expand is not None else (None, None, 0)
         d = np.zeros(D_WORDS, np.int64)
-        d[D_N], d[D_H], d[D_W], d[D_CIN] = n, h, w, cin
+        d[D_N], d[D_H], d[D_W] = n, h, w
+        d[D_XROW], d[D_XIMG] = esh * wp * c, hp * wp * c
+        d[D_SC], d[D_SH_IN], d[D_SW_IN], d[D_SPT], d[D_SPL] = c, hin, win, spt, spl
+        d[D_EKH], d[D_ESH] = ekh, esh
         d[D_HAS_E] = expand is not None
         if expand is not None:
             d[D_EP], d[D_EB], d[D_EACT] = ep.ctypes.data, eb.ctypes.data, eact
+            d[D_ETAP], d[D_ENT], d[D_EKC] = etap.ctypes.data, etap.size, ekc
         d[D_CE], d[D_DW], d[D_DB], d[D_KH], d[D_KW] = ce, wdw.ctypes.data, bdw.ctypes.data, kh, kw
         d[D_SH], d[D_SW], d[D_PT], d[D_PL], d[D_DACT] = sh, sw, pt, pl, dact
         d[D_OH], d[D_OW], d[D_PP], d[D_PB], d[D_CO], d[D_PACT] = oh, ow, pp.ctypes.data, \
@@ -210,9 +241,11 @@ class Plan:
         d[D_MR], d[D_NR], d[D_KBLOCK], d[D_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
         self.desc = d
 
-    def run(self, x: np.ndarray, res: np.ndarray | None) -> np.ndarray:
-        """The block's output (N, OH, OW, Co) for x (N, H, W, Cin) and res (that shape or None),
-        both contiguous float32 (the caller checks)."""
+    def run(self, x: np.ndarray, res: np.ndarray | None, nchw: np.ndarray | None = None) -> np.ndarray:
+        """The block's output (N, OH, OW, Co) for x (the src array) and res (that shape or None),
+        contiguous float32 (the caller checks). nchw: the expand's unpadded input as a
+        contiguous NCHW array, whose rows the tasks copy into x's interior as they need them
+        (x's zero border is then all x must hold)."""
         from ember.kernels.cpu import pool
 
         out = np.empty((self.n, *self.out_hw, self.co), np.float32)
@@ -220,6 +253,7 @@ class Plan:
         d = self.desc.copy()  # the node may run in several threads at once
         d[D_X], d[D_OUT], d[D_SCR] = x.ctypes.data, out.ctypes.data, scr.ctypes.data
         d[D_RES] = 0 if res is None else res.ctypes.data
+        d[D_SRC] = 0 if nchw is None else nchw.ctypes.data
         pool.run_items(_STATE["fn"], d.ctypes.data, self.items, 1)
         return out
 
