@@ -133,7 +133,7 @@ class _BlockRun:
             return False
         plan = irblock.Plan(
             n, h, w, src, expand, (wdw, d.b._data, _ACT[d.act]), tuple(s),
-            (lo[0], hi[0], lo[1], hi[1]), (p.w._data.panels, p.b._data, co, _ACT[p.act]),
+            (lo[0], hi[0], lo[1], hi[1]), (p.w._data, p.b._data, co, _ACT[p.act]),
             res is not None, threads,
         )  # fmt: skip
         return plan, epads

@@ -40,7 +40,7 @@ _ld = _vptr = _block = _dw_rows = None  # bound by _build
  D_SW, D_PT, D_PL, D_DACT, D_OH, D_OW, D_PP, D_PB, D_CO, D_PACT, D_RES, D_HAS_R, D_OUT, D_TPI,
  D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK, D_ETAP, D_ENT,
  D_EKC, D_XROW, D_XIMG, D_SRC, D_SC, D_SH_IN, D_SW_IN, D_SPT, D_SPL, D_EKH, D_ESH,
- D_WORDS) = range(52)  # fmt: skip
+ D_NARROW, D_PPN, D_WORDS) = range(54)  # fmt: skip
 
 MIN_BAND = 8  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
 TASKS_PER_THREAD = 4  # bands per thread (when the map has that many MIN_BAND-row bands)
@@ -61,7 +61,7 @@ def _gemm_rows_py(aa, ra, ta, nt, kc, ba, oa, bsa, rsa, m, o, nr, mr, kblock, ch
                nt, kc, g, ncs, nkb, mr, flags, lo, hi)  # fmt: skip
 
 
-_gemm_rows = None  # compiled by _build
+_gemm_rows = _gemm_rows_n = None  # compiled by _build (_n: on the narrow microkernels)
 
 
 def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -83,6 +83,7 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
                                     _ld(p, D_SPT), _ld(p, D_SPL))  # fmt: skip
     ekh, esh = _ld(p, D_EKH), _ld(p, D_ESH)
     wp = xrow // (esh * sc)  # the padded input's width
+    narrow, ppn, mrn = _ld(p, D_NARROW), _ld(p, D_PPN), G.MR_MAX
     wdw = carray(_vptr(_ld(p, D_DW)), (kh, kw, ce), np.float32)
     bdw = carray(_vptr(_ld(p, D_DB)), (ce,), np.float32)
     erow = wd * ce  # floats of one expanded row
@@ -132,8 +133,13 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
             dv = carray(_vptr(da), (1, yb - ya, ow, ce), np.float32)
             _dw_rows(xin, wdw, bdw, dv, sh, sw, pt + lo - ya * sh, pl, dact, 0, yb - ya)
             off = (b * oh + ya) * ow * co * 4
-            _gemm_rows(da, roe, tap0, 1, ce, ppa, oa + off, pba, ra + off if has_r else oa + off,
-                       (yb - ya) * ow, co, nr, mr, kblock, chunk, pflags, pact)  # fmt: skip
+            rsa = ra + off if has_r else oa + off
+            if narrow:  # one vector of columns per row: a 2-vector panel would be half padding
+                _gemm_rows_n(da, roe, tap0, 1, ce, ppn, oa + off, pba, rsa, (yb - ya) * ow, co,
+                             nr // 2, mrn, kblock, chunk, pflags, pact)  # fmt: skip
+            else:
+                _gemm_rows(da, roe, tap0, 1, ce, ppa, oa + off, pba, rsa, (yb - ya) * ow, co, nr,
+                           mr, kblock, chunk, pflags, pact)  # fmt: skip
 
 
 def _build(nb) -> dict:
@@ -148,9 +154,43 @@ def _build(nb) -> dict:
     g = globals()
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), _dw_rows=dw["rows"], carray=nb.carray)
     g["_gemm_rows"] = nb.njit(nogil=True, cache=True)(_gemm_rows_py)
+    g["_gemm_rows_n"], engine = _narrow_rows(nb)
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
-    return {"ok": True, "task": task, "fn": task.address}
+    return {"ok": True, "task": task, "fn": task.address, "engine": engine}
+
+
+def _with_globals(fn, g: dict, suffix: str):
+    """fn compiled against the globals g (a cache entry of its own: see kernels.cpu.renamed)."""
+    import types
+
+    h = types.FunctionType(fn.__code__, g, f"{fn.__name__}_{suffix}", fn.__defaults__)
+    h.__qualname__ = f"{fn.__qualname__}_{suffix}"
+    return h
+
+
+def _narrow_rows(nb):
+    """``_gemm_rows`` on microkernels of one vector of columns (NR/2) and up to MR_MAX rows:
+    gemm's own kernel IR, tile loop and dispatch, built for nv = 1. A product of at most NR/2
+    output columns (MobileNetV2's first project, 32 -> 16 channels) on the 2-vector kernels
+    spends half its multiply-adds on the panel's padding."""
+    from numba import types
+
+    w = G.ISAS[G.isa()][0]
+    names = [f"ember_irbn_{m}" for m in range(1, G.MR_MAX + 1)]
+    ir = [G._kernel_ir(m, 1, w).replace(f"@ember_sgemm_{m}(", f"@{names[m - 1]}(")
+          for m in range(1, G.MR_MAX + 1)]  # fmt: skip
+    engine = G.jit_ir(ir, names)
+    i64 = types.int64
+    sig = types.void(*([i64] * 12), types.float32, types.float32, i64, i64)
+    gg = dict(vars(G))
+    for m in range(1, G.MR_MAX + 1):
+        gg[f"_k{m}"] = types.ExternalFunction(names[m - 1], sig)
+    opts = dict(nogil=True, cache=True)
+    gg["_micro"] = nb.njit(**opts)(_with_globals(G._micro_py, gg, "irb_narrow"))
+    gi = dict(globals())
+    gi["_block"] = nb.njit(**opts)(_with_globals(G._block_py, gg, "irb_narrow"))
+    return nb.njit(**opts)(_with_globals(_gemm_rows_py, gi, "narrow")), engine
 
 
 def state() -> dict | None:
@@ -193,14 +233,15 @@ class Plan:
         expand's zero-padded input, or the depthwise's input when there is no expand);
         expand: (panels, bias, act, tap offsets, floats per tap, (row, column) stride, (kernel
         rows, top and left padding, unpadded height and width)) or None;
-        dw: (weight (kh, kw, Ce), bias, act); project: (panels, bias, co, act); stride and pads
+        dw: (weight (kh, kw, Ce), bias, act); project: (PackedWeight, bias, co, act); stride and pads
         (top, bottom, left, right) the depthwise's."""
         g = G._state()
         mr, nr = g["mr"], g["nr"]
         wdw, bdw, dact = dw
         kh, kw, ce = wdw.shape
         (sh, sw), (pt, pb_, pl, pr) = stride, pads
-        pp, pb, co, pact = project
+        pw, pb, co, pact = project
+        pp = pw.panels
         oh, ow = self.out_hw = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
         # bands per image: TASKS_PER_THREAD per thread over the batch when the map has that
         # many MIN_BAND-row bands; a multiple of the threads when there are few of them (3 bands
@@ -222,7 +263,10 @@ class Plan:
         q = np.arange(ecap * w, dtype=np.int64)
         self.roi = ((q // w) * esh * wp + (q % w) * esw) * c  # from the row block's origin
         self.roe = _rowoffs(rsub * ow, ce)
-        self.keep = (expand, dw, project)  # the arrays the descriptor points into
+        narrow = None
+        if co <= nr // 2:  # the project's weight packed again, in panels of NR/2 columns
+            narrow = G.pack_weight(G._matrix(np.asarray(pw, np.float32)), nr // 2)
+        self.keep = (expand, dw, project, narrow)  # the arrays the descriptor points into
         d = np.zeros(D_WORDS, np.int64)
         d[D_N], d[D_H], d[D_W] = n, h, w
         d[D_XROW], d[D_XIMG] = esh * wp * c, hp * wp * c
@@ -237,6 +281,8 @@ class Plan:
         d[D_OH], d[D_OW], d[D_PP], d[D_PB], d[D_CO], d[D_PACT] = oh, ow, pp.ctypes.data, \
             pb.ctypes.data, co, pact  # fmt: skip
         d[D_HAS_R], d[D_TPI], d[D_RSUB], d[D_SLOT] = has_res, tpi, rsub, slot
+        if narrow is not None:
+            d[D_NARROW], d[D_PPN] = 1, narrow.ctypes.data
         d[D_ROI], d[D_ROE], d[D_TAP0] = self.roi.ctypes.data, self.roe.ctypes.data, _TAP0.ctypes.data
         d[D_MR], d[D_NR], d[D_KBLOCK], d[D_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
         self.desc = d
