@@ -56,7 +56,7 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
     K.maxpool_nhwc(x, m1, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
     K.maxpool_nhwc_reference(x, m2, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
     np.testing.assert_array_equal(m1, m2)
-    st = x.strides  # overlapping windows (the stem's window rows) into a strided destination
+    st = x.strides  # overlapping windows into a strided destination
     src = np.lib.stride_tricks.as_strided(x, (n, h, w - k + 1, k * c), (*st[:2], st[2], st[3]))
     dst = np.zeros((n, h + 1, w - k + 3, k * c), np.float32)
     K.copy4d(src, dst[:, 1:, 2:])
@@ -65,8 +65,16 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
 
 
 CONV_CASES = [  # n, cin, cout, (kh, kw), stride, pads (t, b, l, r), hw
-    (2, 3, 8, (7, 7), (2, 2), (3, 3, 3, 3), (17, 14)),  # the stem: window rows (few channels)
-    (2, 3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (9, 10)),  # PP-OCR's stem: 3x3 s2 on window rows
+    (
+        2,
+        3,
+        8,
+        (7, 7),
+        (2, 2),
+        (3, 3, 3, 3),
+        (17, 14),
+    ),  # the stem: kernel rows as taps (few channels)
+    (2, 3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (9, 10)),  # PP-OCR's stem: 3x3 s2
     (1, 5, 8, (3, 3), (2, 2), (0, 1, 0, 1), (8, 7)),  # few channels, uneven padding
     (1, 8, 16, (1, 1), (1, 1), (0, 0, 0, 0), (5, 6)),  # 1x1 read in place
     (1, 20, 40, (1, 1), (2, 2), (0, 0, 0, 0), (7, 9)),  # strided 1x1 in place
@@ -90,21 +98,6 @@ def _conv_cases(with_res: bool):
             cases.append(((_cl(x), *args[1:]), kw))  # channels-last input, read in place
             cases.append((args, {**kw, "scale": 0.7, "shift": -0.25}))  # then a scale/shift
     return cases
-
-
-@pytest.mark.parametrize(
-    "n,c,h,w,kw,sw,pads",
-    [(2, 3, 9, 11, 3, 2, (1, 1, 1, 1)), (1, 1, 5, 7, 7, 2, (3, 2, 3, 0)),
-     (3, 5, 4, 6, 2, 1, (0, 0, 0, 0)), (1, 3, 8, 8, 3, 2, (0, 1, 0, 1))],
-)  # fmt: skip
-def test_window_rows_match_numpy(n, c, h, w, kw, sw, pads):
-    ow = (w + pads[2] + pads[3] - kw) // sw + 1
-    x = _r(n, c, h, w)
-    want = K._window_rows(x.astype(np.float64), kw, sw, ow, pads).copy()  # numpy path
-    for xx in (x, _cl(x)):  # NCHW and channels-last input, read in place
-        got = K._window_rows(xx, kw, sw, ow, pads)
-        assert got.shape == (n, h + pads[0] + pads[1], ow, kw * c)
-        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("with_res", [False, True])

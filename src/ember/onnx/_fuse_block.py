@@ -109,7 +109,7 @@ class _BlockRun:
             if min(lo + hi) < 0 or e.w.shape[1] != c or hp < kh or wp < kw:
                 return False
             epads, src = (lo[0], hi[0], lo[1], hi[1]), (hp, wp, c)
-            if c < K.WINDOW_ROWS_BELOW_CHANNELS:  # a kernel row is one tap, as in conv_gemm
+            if c < K.ROW_TAPS_BELOW_CHANNELS:  # a kernel row is one tap, as in conv_gemm
                 taps, kc = np.arange(kh, dtype=np.int64) * wp * c, kw * c
             else:
                 taps = np.array([(i * wp + j) * c for i in range(kh) for j in range(kw)], np.int64)

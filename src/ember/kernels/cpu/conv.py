@@ -273,32 +273,6 @@ def _build_nhwc(nb):
                     d[t] = s[t]
 
     @nb.njit(parallel=True, **opts)
-    def window_rows(x, out, sw, pt, pl):  # pragma: no cover - compiled
-        n, c, h, w = x.shape
-        hp, ow, seg = out.shape[1], out.shape[2], out.shape[3]
-        wp = (ow - 1) * sw + seg // c  # padded width the windows reach
-        for r in nb.prange(n * hp):
-            b = r // hp
-            ih = r - b * hp - pt
-            o = out[b, r - b * hp]
-            if ih < 0 or ih >= h:
-                for xo in range(ow):
-                    for t in range(seg):
-                        o[xo, t] = 0.0
-                continue
-            row = np.zeros(wp * c, np.float32)  # the padded input row, NHWC order
-            for t in range(c):
-                src = x[b, t, ih]
-                for iw in range(max(0, -pl), min(w, wp - pl)):
-                    row[(iw + pl) * c + t] = src[iw]
-            for xo in range(ow):
-                d = o[xo]
-                s0 = xo * sw * c
-                for t in range(seg):
-                    d[t] = row[s0 + t]
-        return out
-
-    @nb.njit(parallel=True, **opts)
     def convt_small(x, wt, bias, out, act):  # pragma: no cover - compiled
         n, h, w, c = x.shape
         kh, q_n = wt.shape[0], wt.shape[1]
@@ -351,7 +325,7 @@ def _build_nhwc(nb):
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
-        "post_serial": post_serial, "window_rows": window_rows,
+        "post_serial": post_serial,
         "convt_small": convt_small, "channel_sums": channel_sums, "nchw_to_nhwc": nchw_to_nhwc,
         "channel_sums_serial": channel_sums_serial,
     }  # fmt: skip
@@ -491,7 +465,8 @@ def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 _buffers = threading.local()
 MAX_CACHED = 64  # scratch buffers per thread; offset tables (one per input geometry)
 _OFFSETS: dict = {}
-WINDOW_ROWS_BELOW_CHANNELS = 16  # kxk convs with fewer input channels run on window rows
+# kxk convs with fewer input channels take a kernel row's kw*C floats as one tap (see conv_gemm)
+ROW_TAPS_BELOW_CHANNELS = 16
 
 
 def nhwc(x: np.ndarray) -> np.ndarray:
@@ -545,30 +520,6 @@ def _padded(a: np.ndarray, pt: int, pb: int, pl: int, pr: int) -> np.ndarray:
     return buf
 
 
-def _window_rows(x: np.ndarray, kw: int, sw: int, ow: int, pads) -> np.ndarray:
-    """(N, C, H, W), any strides -> (N, Hp, OW, kw*C): each output column's window row of the
-    zero-padded input (Hp = H + top + bottom padding), contiguous.
-
-    With few channels a tap is only C floats of GEMM depth; on these rows a kxk conv becomes a
-    kx1 one whose taps are kw*C deep (an im2col along the width only: kw times the input, not
-    kh*kw times). One pass straight from the caller's layout (an RGB image arrives NCHW): the
-    NHWC copy, padded copy and window copy it replaces took 1.3 ms of PP-OCRv4 det's 640x640
-    stem at batch 1, this pass 0.7 (the stem's conv_gemm 2.85 -> 1.85 ms, 2 threads).
-    """
-    n, c, h, w = x.shape
-    pt, pb, pl, pr = pads
-    shape = (n, h + pt + pb, ow, kw * c)
-    out = _buffer(("rows", *shape, sw, pl), shape)
-    k = _kernels()
-    if k is None or x.dtype != _F32:
-        right = max(pr, (ow - 1) * sw + kw - w - pl, 0)
-        src = np.pad(nhwc(x), ((0, 0), (pt, pb), (pl, right), (0, 0)))
-        for j in range(kw):
-            out[..., j * c : (j + 1) * c] = src[:, :, j : j + sw * (ow - 1) + 1 : sw]
-        return out
-    return k["window_rows"](x, out, sw, pt, pl)
-
-
 def window_offsets(shape, kernel, stride, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
     """Offsets into an (N, H, W, C) array of each output pixel's window origin and of each tap."""
     n, h, w, c = shape
@@ -590,7 +541,12 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     x and res: (N, C, H, W) arrays (channels-last ones are read without a copy); kernel (kh, kw).
     A kxk conv reads its (zero-padded) NHWC input tap by tap, each tap a fixed offset from the
     output pixel's window (no im2col); bias, residual and activation are applied as each output
-    tile is stored. Only convs with few input channels (the RGB stem) go through window rows.
+    tile is stored. With few input channels (an RGB stem) a tap of C floats is too short a
+    run of GEMM depth: there the kw*C contiguous floats of a kernel row in the padded NHWC input
+    are one tap (kh taps of kw*C). The window-row copy (each output column's kw*C floats written
+    out) that did this before cost more than the product: PP-OCRv4 det's 640x640 stem
+    2.5-2.8 -> 1.4 ms, ResNet-50's 7x7 stem 1.0-1.3 -> 0.6, MobileNetV2's at batch 8 2.4 ->
+    1.2 (conv_gemm alone, 2 threads, alternating).
     """
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (pt, pb, pl, pr) = kernel, stride, pads
@@ -603,7 +559,7 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
     src = _padded(a, pt, pb, pl, pr) if pad else a
     geom = ((kh, kw), (sh, sw))
-    if c < WINDOW_ROWS_BELOW_CHANNELS:  # few channels: a kernel row's kw*C floats are one tap
+    if c < ROW_TAPS_BELOW_CHANNELS:  # few channels: a kernel row's kw*C floats are one tap
         geom = ((kh, 1), (sh, sw))
     key = (src.shape, geom, oh, ow)
     offs = _OFFSETS.get(key)
