@@ -1,26 +1,36 @@
-"""MobileNetV2's inverted-residual block as one kernel: 1x1 expand, depthwise, 1x1 project.
+"""MobileNetV2's inverted-residual block as one kernel: expand, depthwise, 1x1 project.
 
-    e = act_e(x @ We + be)            (N, H, W, Ce)    skipped when the block has no expand
+    e = act_e(conv(x, We) + be)       (N, H, W, Ce)    a 1x1 (or the kxk stem); or e = x
     d = act_d(depthwise(e) + bd)      (N, OH, OW, Ce)
     y = act_p(d @ Wp + bp [+ res])    (N, OH, OW, Co)
 
 Run as three layers, the expanded activations e and d (6x the block's input channels) go
 through memory in full: at batch 1 MobileNetV2's 112x112x96 and 56x56x144 maps are 4.8 and
-1.8 MB, written by one kernel and read back by the next. Here each task computes a band of
-output rows of one image, in sub-bands of a few rows: it expands only the input rows the
-sub-band's depthwise windows need (the last ``kh - sh`` of them are kept for the next
-sub-band, not recomputed), runs the depthwise rows into a second scratch, and projects them
-into the output (residual and bias added in the GEMM's store). The scratch of a sub-band is
-sized to stay in L2, so e and d never leave the core's caches; the next block reads the
-output, which is the narrow map. Bands are tasks on ember's pool (kernels.cpu.pool); a band
-boundary recomputes ``kh - sh`` expanded rows, so bands are no thinner than ``MIN_BAND`` rows.
+1.8 MB, written by one kernel and read back by the next (at batch 8 the 38.5 MB one was a fresh
+mapping every call, ~1.8 ms of page faults). Here each task computes a band of output rows of
+one image, in sub-bands of a few rows: it expands only the input rows the sub-band's depthwise
+windows need (the last ``kh - sh`` of them are kept for the next sub-band, not recomputed),
+runs the depthwise rows into a second scratch, and projects them into the output (residual
+and bias added in the GEMM's store). A sub-band's scratch is sized to stay in L2
+(``L2_BUDGET``), so e and d never leave the core; the next block reads the output, the narrow
+map. Bands are tasks on ember's pool (kernels.cpu.pool); a band boundary recomputes
+``kh - sh`` expanded rows, so bands are no thinner than ``MIN_BAND`` rows (8 measured a little
+ahead of 4 and 14 for the whole network at batch 1).
 
 The pieces are the unfused kernels' own: the expand and project products are the packed
 GEMM's ``_block`` (gemm.block_kernel: the same microkernels, the same blocking of K), the
 depthwise rows dwconv's vector kernels (``dwconv.state()["rows"]``), so each value is computed
-by the same sequence of operations as in the three separate layers and the results are
-bitwise theirs. Where those kernels or the pool do not run, ``state()`` is None and the
-caller runs the three layers.
+by the same sequence of operations as in the three separate layers. The expand may be any
+dense conv read the way conv_gemm reads it (tap offsets into its zero-padded NHWC input, a
+kernel row as one tap below conv.ROW_TAPS_BELOW_CHANNELS channels): MobileNetV2's stem (3x3
+stride 2 from the RGB image) is its first block's expand, and the image's NCHW rows are copied
+into the padded input by the tasks that read them (no serial pre-pass: 40-60 us at batch 1).
+A project of at most NR/2 output channels (the first block's 32 -> 16) runs on microkernels
+of one vector of columns (gemm's IR and tile loop built for nv = 1): on NR-wide panels half
+its multiply-adds were padding (that block 256 -> 207 us alone, 2 threads).
+
+Where the kernels or the pool do not run, ``state()`` is None and the caller runs the three
+layers.
 """
 
 from __future__ import annotations
@@ -33,14 +43,14 @@ from ember.kernels.cpu import gemm as G
 
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _dw_rows = None  # bound by _build
+_ld = _vptr = _block = _dw_rows = _fetch_add = None  # bound by _build
 
 # descriptor words
 (D_X, D_N, D_H, D_W, D_HAS_E, D_EP, D_EB, D_CE, D_EACT, D_DW, D_DB, D_KH, D_KW, D_SH,
  D_SW, D_PT, D_PL, D_DACT, D_OH, D_OW, D_PP, D_PB, D_CO, D_PACT, D_RES, D_HAS_R, D_OUT, D_TPI,
  D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK, D_ETAP, D_ENT,
  D_EKC, D_XROW, D_XIMG, D_SRC, D_SC, D_SH_IN, D_SW_IN, D_SPT, D_SPL, D_EKH, D_ESH,
- D_NARROW, D_PPN, D_WORDS) = range(54)  # fmt: skip
+ D_NARROW, D_PPN, D_NSLOTS, D_WORDS) = range(55)  # fmt: skip
 
 MIN_BAND = 8  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
 TASKS_PER_THREAD = 4  # bands per thread (when the map has that many MIN_BAND-row bands)
@@ -72,10 +82,9 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
     kh, kw, sh, sw = _ld(p, D_KH), _ld(p, D_KW), _ld(p, D_SH), _ld(p, D_SW)
     pt, pl, dact, oh, ow = _ld(p, D_PT), _ld(p, D_PL), _ld(p, D_DACT), _ld(p, D_OH), _ld(p, D_OW)
     ppa, pba, co, pact = _ld(p, D_PP), _ld(p, D_PB), _ld(p, D_CO), _ld(p, D_PACT)
-    ra, has_r, oa, tpi, rsub = _ld(p, D_RES), _ld(p, D_HAS_R), _ld(p, D_OUT), _ld(p, D_TPI), _ld(
-        p, D_RSUB)
-    sa, slot, roi, roe, tap0 = _ld(p, D_SCR), _ld(p, D_SLOT), _ld(p, D_ROI), _ld(p, D_ROE), _ld(
-        p, D_TAP0)
+    ra, has_r, oa, tpi = _ld(p, D_RES), _ld(p, D_HAS_R), _ld(p, D_OUT), _ld(p, D_TPI)
+    rsub, sa, slot = _ld(p, D_RSUB), _ld(p, D_SCR), _ld(p, D_SLOT)
+    roi, roe, tap0 = _ld(p, D_ROI), _ld(p, D_ROE), _ld(p, D_TAP0)
     mr, nr, kblock, chunk = _ld(p, D_MR), _ld(p, D_NR), _ld(p, D_KBLOCK), _ld(p, D_CHUNK)
     eta, ent, ekc, xrow, ximg = (_ld(p, D_ETAP), _ld(p, D_ENT), _ld(p, D_EKC), _ld(p, D_XROW),
                                  _ld(p, D_XIMG))  # fmt: skip
@@ -89,10 +98,17 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
     erow = wd * ce  # floats of one expanded row
     ecap = (rsub - 1) * sh + kh  # expanded rows a sub-band needs at most
     pflags = 6 if has_r else 2
+    # a scratch slot of our own: the first free one of nslots (more than the threads that run
+    # tasks at once), claimed by an atomic increment of its word in the scratch's header
+    nslots = _ld(p, D_NSLOTS)
+    sl = 0
+    while _fetch_add(sa + sl * 8, 1) != 0:
+        _fetch_add(sa + sl * 8, -1)
+        sl = (sl + 1) % nslots
+    ea = sa + (nslots * 8 + 63) // 64 * 64 + sl * slot * 4  # past the header's cache lines
     for item in range(i0, i1):
         b, k = item // tpi, item % tpi
         y0, y1 = oh * k // tpi, oh * (k + 1) // tpi
-        ea = sa + item * slot * 4
         da = ea + ecap * erow * 4
         e = carray(_vptr(ea), (ecap * erow,), np.float32)
         e_lo, e_hi = 0, 0  # the input rows whose expansion E holds (from its first row)
@@ -140,6 +156,7 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
             else:
                 _gemm_rows(da, roe, tap0, 1, ce, ppa, oa + off, pba, rsa, (yb - ya) * ow, co, nr,
                            mr, kblock, chunk, pflags, pact)  # fmt: skip
+    _fetch_add(sa + sl * 8, -1)
 
 
 def _build(nb) -> dict:
@@ -154,6 +171,9 @@ def _build(nb) -> dict:
     g = globals()
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), _dw_rows=dw["rows"], carray=nb.carray)
     g["_gemm_rows"] = nb.njit(nogil=True, cache=True)(_gemm_rows_py)
+    g["_fetch_add"] = types.ExternalFunction(
+        "ember_sgemm_fetch_add", types.int64(types.int64, types.int64)
+    )
     g["_gemm_rows_n"], engine = _narrow_rows(nb)
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
@@ -257,9 +277,12 @@ class Plan:
         ecap = (rsub - 1) * sh + kh
         slot = -(-(ecap * w * ce + rsub * ow * ce) // 16) * 16
         self.items, self.slot, self.n, self.co = n * tpi, slot, n, co
+        self.nslots = threads + 1  # at most `threads` tasks run at once: one slot always free
+        self.header = (self.nslots * 8 + 63) // 64 * 16  # floats
         hp, wp, c = src
         ep, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
-            expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w)))
+            expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w))
+        )
         q = np.arange(ecap * w, dtype=np.int64)
         self.roi = ((q // w) * esh * wp + (q % w) * esw) * c  # from the row block's origin
         self.roe = _rowoffs(rsub * ow, ce)
@@ -281,13 +304,20 @@ class Plan:
         d[D_OH], d[D_OW], d[D_PP], d[D_PB], d[D_CO], d[D_PACT] = oh, ow, pp.ctypes.data, \
             pb.ctypes.data, co, pact  # fmt: skip
         d[D_HAS_R], d[D_TPI], d[D_RSUB], d[D_SLOT] = has_res, tpi, rsub, slot
+        d[D_NSLOTS] = threads + 1
         if narrow is not None:
             d[D_NARROW], d[D_PPN] = 1, narrow.ctypes.data
-        d[D_ROI], d[D_ROE], d[D_TAP0] = self.roi.ctypes.data, self.roe.ctypes.data, _TAP0.ctypes.data
+        d[D_ROI], d[D_ROE], d[D_TAP0] = (
+            self.roi.ctypes.data,
+            self.roe.ctypes.data,
+            _TAP0.ctypes.data,
+        )
         d[D_MR], d[D_NR], d[D_KBLOCK], d[D_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
         self.desc = d
 
-    def run(self, x: np.ndarray, res: np.ndarray | None, nchw: np.ndarray | None = None) -> np.ndarray:
+    def run(
+        self, x: np.ndarray, res: np.ndarray | None, nchw: np.ndarray | None = None
+    ) -> np.ndarray:
         """The block's output (N, OH, OW, Co) for x (the src array) and res (that shape or None),
         contiguous float32 (the caller checks). nchw: the expand's unpadded input as a
         contiguous NCHW array, whose rows the tasks copy into x's interior as they need them
@@ -295,7 +325,8 @@ class Plan:
         from ember.kernels.cpu import pool
 
         out = np.empty((self.n, *self.out_hw, self.co), np.float32)
-        scr = _scratch_floats(self.items * self.slot)
+        scr = _scratch_floats(self.header + self.nslots * self.slot)
+        scr[: self.header] = 0  # every slot free
         d = self.desc.copy()  # the node may run in several threads at once
         d[D_X], d[D_OUT], d[D_SCR] = x.ctypes.data, out.ctypes.data, scr.ctypes.data
         d[D_RES] = 0 if res is None else res.ctypes.data
