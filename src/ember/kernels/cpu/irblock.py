@@ -50,7 +50,7 @@ _ld = _vptr = _block = _dw_rows = _fetch_add = None  # bound by _build
  D_SW, D_PT, D_PL, D_DACT, D_OH, D_OW, D_PP, D_PB, D_CO, D_PACT, D_RES, D_HAS_R, D_OUT, D_TPI,
  D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK, D_ETAP, D_ENT,
  D_EKC, D_XROW, D_XIMG, D_SRC, D_SC, D_SH_IN, D_SW_IN, D_SPT, D_SPL, D_EKH, D_ESH,
- D_NARROW, D_PPN, D_NSLOTS, D_WORDS) = range(55)  # fmt: skip
+ D_NARROW, D_PPN, D_NSLOTS, D_CLAIMS, D_WORDS) = range(56)  # fmt: skip
 
 MIN_BAND = 8  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
 TASKS_PER_THREAD = 4  # bands per thread (when the map has that many MIN_BAND-row bands)
@@ -99,13 +99,13 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
     ecap = (rsub - 1) * sh + kh  # expanded rows a sub-band needs at most
     pflags = 6 if has_r else 2
     # a scratch slot of our own: the first free one of nslots (more than the threads that run
-    # tasks at once), claimed by an atomic increment of its word in the scratch's header
-    nslots = _ld(p, D_NSLOTS)
+    # tasks at once), claimed by an atomic increment of its count
+    nslots, claims = _ld(p, D_NSLOTS), _ld(p, D_CLAIMS)
     sl = 0
-    while _fetch_add(sa + sl * 8, 1) != 0:
-        _fetch_add(sa + sl * 8, -1)
+    while _fetch_add(claims + sl * 8, 1) != 0:
+        _fetch_add(claims + sl * 8, -1)
         sl = (sl + 1) % nslots
-    ea = sa + (nslots * 8 + 63) // 64 * 64 + sl * slot * 4  # past the header's cache lines
+    ea = sa + sl * slot * 4
     for item in range(i0, i1):
         b, k = item // tpi, item % tpi
         y0, y1 = oh * k // tpi, oh * (k + 1) // tpi
@@ -156,16 +156,16 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
             else:
                 _gemm_rows(da, roe, tap0, 1, ce, ppa, oa + off, pba, rsa, (yb - ya) * ow, co, nr,
                            mr, kblock, chunk, pflags, pact)  # fmt: skip
-    _fetch_add(sa + sl * 8, -1)
+    _fetch_add(claims + sl * 8, -1)
 
 
 def _build(nb) -> dict:
     from numba import types
 
-    from ember.kernels.cpu import dwconv, pool
+    from ember.kernels.cpu import dwconv, pool, pool_tasks
 
-    dw = dwconv.state()
-    if dw is None or G.block_kernel() is None or pool.state() is None:
+    dw, tasks = dwconv.state(), pool_tasks.state()
+    if dw is None or G.block_kernel() is None or pool.state() is None or tasks is None:
         return {"ok": False}
     ld, vptr = pool.intrinsics()
     g = globals()
@@ -177,7 +177,7 @@ def _build(nb) -> dict:
     g["_gemm_rows_n"], engine = _narrow_rows(nb)
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
-    return {"ok": True, "task": task, "fn": task.address, "engine": engine}
+    return {"ok": True, "task": task, "fn": task.address, "engine": engine, "run": tasks["run"]}
 
 
 def _with_globals(fn, g: dict, suffix: str):
@@ -225,15 +225,19 @@ def state() -> dict | None:
     return _STATE if _STATE["ok"] else None
 
 
-_scratch = threading.local()
+_local = threading.local()
 
 
-def _scratch_floats(size: int) -> np.ndarray:
-    """This thread's scratch of at least size floats (grown, never shrunk: its pages stay)."""
-    buf = getattr(_scratch, "buf", None)
+def _scratch(size: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's scratch of at least size floats (grown, never shrunk: its pages stay) and
+    the slots' claim counts (zeros when made; every task puts its count back to zero when it
+    ends, so they are zero at the start of every job)."""
+    buf, claims = getattr(_local, "buf", None), getattr(_local, "claims", None)
     if buf is None or buf.size < size:
-        buf = _scratch.buf = np.empty(size, np.float32)
-    return buf
+        buf = _local.buf = np.empty(size, np.float32)
+    if claims is None or claims.size < slots:
+        claims = _local.claims = np.zeros(max(slots, 8), np.int64)
+    return buf, claims
 
 
 def _rowoffs(rows: int, k: int) -> np.ndarray:
@@ -278,7 +282,6 @@ class Plan:
         slot = -(-(ecap * w * ce + rsub * ow * ce) // 16) * 16
         self.items, self.slot, self.n, self.co = n * tpi, slot, n, co
         self.nslots = threads + 1  # at most `threads` tasks run at once: one slot always free
-        self.header = (self.nslots * 8 + 63) // 64 * 16  # floats
         hp, wp, c = src
         ep, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
             expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w))
@@ -325,13 +328,17 @@ class Plan:
         from ember.kernels.cpu import pool
 
         out = np.empty((self.n, *self.out_hw, self.co), np.float32)
-        scr = _scratch_floats(self.header + self.nslots * self.slot)
-        scr[: self.header] = 0  # every slot free
+        scr, claims = _scratch(self.nslots * self.slot, self.nslots)
         d = self.desc.copy()  # the node may run in several threads at once
         d[D_X], d[D_OUT], d[D_SCR] = x.ctypes.data, out.ctypes.data, scr.ctypes.data
         d[D_RES] = 0 if res is None else res.ctypes.data
+        d[D_CLAIMS] = claims.ctypes.data
         d[D_SRC] = 0 if nchw is None else nchw.ctypes.data
-        pool.run_items(_STATE["fn"], d.ctypes.data, self.items, 1)
+        own = getattr(_local, "own", None)  # the job block for when another thread holds the pool's
+        if own is None:
+            own = _local.own = np.zeros(pool.CTRL_WORDS, np.int64)
+        # pool_tasks' numba driver (acquire, fill, run): ~0.4 us of Python, pool.run_items ~2.6
+        _STATE["run"](pool.ctrl(), own, d, _STATE["fn"], self.items, 1)
         return out
 
 
