@@ -274,11 +274,11 @@ def _ir_block(c, expand, co, k, s, attrs, acts=("Clip6", "Clip6", None), res=Tru
 
 
 def _check_ir_block(c, expand, co, k, s, attrs, acts=("Clip6", "Clip6", None), hw=(19, 14)):
-    """One block in the optimized and the plain graph at batch 1 and 3."""
+    """One block in the optimized and the plain graph at batch 1, 3 and 0."""
     res = s == 1 and co == c and "VALID" not in attrs.values() and expand[1] != 3
     out, nodes, inits = _ir_block(c, expand, co, k, s, attrs, acts, res)
     m = _model(nodes, [("x", F32, ["n", c, *hw])], [out], inits)
-    fast = _both(m, [{"x": _r(n, c, *hw)} for n in (1, 3)])
+    fast = _both(m, [{"x": _r(n, c, *hw)} for n in (1, 3, 0)])
     if G.microkernels_available():
         assert _ops(fast) == ["FusedInvertedResidual"], _ops(fast)
 

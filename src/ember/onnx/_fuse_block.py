@@ -101,6 +101,8 @@ class _BlockRun:
         if irblock.state() is None or x.ndim != 4 or x._data.dtype != _F32:
             return False
         n, c, h, w = x.shape
+        if n == 0:  # nothing to compute: the convs make the empty result
+            return False
         e, d, p = self.expand, self.dw, self.project
         expand, epads, src = None, (0, 0, 0, 0), (h, w, c)
         if e is not None:
