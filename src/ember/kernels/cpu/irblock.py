@@ -43,7 +43,8 @@ from ember.kernels.cpu import gemm as G
 
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _dw_rows = _fetch_add = None  # bound by _build
+_ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = None  # bound by _build
+_CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 # descriptor words
 (D_X, D_N, D_H, D_W, D_HAS_E, D_EP, D_EB, D_CE, D_EACT, D_DW, D_DB, D_KH, D_KW, D_SH,
@@ -159,13 +160,33 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
     _fetch_add(claims + sl * 8, -1)
 
 
+def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, res, nchw, has_res, has_nchw):
+    """Fill a copy of the descriptor with the call's addresses and run its bands on the pool
+    (on ``own`` alone when another thread holds the pool's job block): in Python the four
+    ``ctypes.data`` alone took ~6 us a call (pragma: no cover - compiled)."""
+    d = desc.copy()  # the node may run in several threads at once
+    d[D_X], d[D_OUT], d[D_SCR], d[D_CLAIMS] = x.ctypes.data, out.ctypes.data, scr.ctypes.data, \
+        claims.ctypes.data  # fmt: skip
+    d[D_RES] = res.ctypes.data if has_res else 0
+    d[D_SRC] = nchw.ctypes.data if has_nchw else 0
+    shared = _acquire(ctrl.ctypes.data)
+    if shared == 0:
+        ctrl = own
+    ctrl[_CHUNK] = 1
+    ctrl[_ROWS] = items
+    ctrl[_GROUPS] = 1
+    ctrl[_WI] = d.ctypes.data
+    ctrl[_GROUP0] = fn
+    _run(ctrl.ctypes.data, items, shared)
+
+
 def _build(nb) -> dict:
     from numba import types
 
-    from ember.kernels.cpu import dwconv, pool, pool_tasks
+    from ember.kernels.cpu import dwconv, pool
 
-    dw, tasks = dwconv.state(), pool_tasks.state()
-    if dw is None or G.block_kernel() is None or pool.state() is None or tasks is None:
+    dw = dwconv.state()
+    if dw is None or G.block_kernel() is None or pool.state() is None:
         return {"ok": False}
     ld, vptr = pool.intrinsics()
     g = globals()
@@ -177,7 +198,9 @@ def _build(nb) -> dict:
     g["_gemm_rows_n"], engine = _narrow_rows(nb)
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
-    return {"ok": True, "task": task, "fn": task.address, "engine": engine, "run": tasks["run"]}
+    pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
+    go = nb.njit(nogil=True, cache=True)(_go_py)
+    return {"ok": True, "task": task, "fn": task.address, "engine": engine, "go": go}
 
 
 def _with_globals(fn, g: dict, suffix: str):
@@ -329,16 +352,12 @@ class Plan:
 
         out = np.empty((self.n, *self.out_hw, self.co), np.float32)
         scr, claims = _scratch(self.nslots * self.slot, self.nslots)
-        d = self.desc.copy()  # the node may run in several threads at once
-        d[D_X], d[D_OUT], d[D_SCR] = x.ctypes.data, out.ctypes.data, scr.ctypes.data
-        d[D_RES] = 0 if res is None else res.ctypes.data
-        d[D_CLAIMS] = claims.ctypes.data
-        d[D_SRC] = 0 if nchw is None else nchw.ctypes.data
         own = getattr(_local, "own", None)  # the job block for when another thread holds the pool's
         if own is None:
             own = _local.own = np.zeros(pool.CTRL_WORDS, np.int64)
-        # pool_tasks' numba driver (acquire, fill, run): ~0.4 us of Python, pool.run_items ~2.6
-        _STATE["run"](pool.ctrl(), own, d, _STATE["fn"], self.items, 1)
+        _STATE["go"](pool.ctrl(), own, self.desc, _STATE["fn"], self.items, x, out, scr, claims,
+                     out if res is None else res, x if nchw is None else nchw, res is not None,
+                     nchw is not None)  # fmt: skip
         return out
 
 
