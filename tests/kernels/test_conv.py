@@ -65,17 +65,10 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
 
 
 CONV_CASES = [  # n, cin, cout, (kh, kw), stride, pads (t, b, l, r), hw
-    (
-        2,
-        3,
-        8,
-        (7, 7),
-        (2, 2),
-        (3, 3, 3, 3),
-        (17, 14),
-    ),  # the stem: kernel rows as taps (few channels)
-    (2, 3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (9, 10)),  # PP-OCR's stem: 3x3 s2
+    (2, 3, 8, (7, 7), (2, 2), (3, 3, 3, 3), (17, 14)),  # the stem: kw*C-deep taps (few channels)
+    (2, 3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (9, 10)),  # PP-OCR's stem: 3x3 s2, 3 taps of 9
     (1, 5, 8, (3, 3), (2, 2), (0, 1, 0, 1), (8, 7)),  # few channels, uneven padding
+    (1, 2, 5, (2, 3), (1, 2), (0, 0, 0, 0), (6, 9)),  # few channels, no padding (NCHW in)
     (1, 8, 16, (1, 1), (1, 1), (0, 0, 0, 0), (5, 6)),  # 1x1 read in place
     (1, 20, 40, (1, 1), (2, 2), (0, 0, 0, 0), (7, 9)),  # strided 1x1 in place
     (2, 20, 33, (3, 3), (1, 1), (1, 1, 1, 1), (6, 7)),  # padded, partial panel

@@ -597,3 +597,154 @@ def test_big_products_reuse_buffers_nothing_holds(monkeypatch):
         x3 = x1 @ w2 @ w3
         np.testing.assert_allclose(got["out"].numpy(), x3 + x1, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(got["r"].numpy(), np.maximum(x3, 0), rtol=1e-4, atol=1e-4)
+
+
+# ---- channels-last tails: SE blocks, nearest upsampling into Add and Concat ---------------
+
+
+@pytest.mark.parametrize("gate", ["HardSigmoid", "Sigmoid"])
+@pytest.mark.parametrize("src", ["y", "x"])
+def test_squeeze_excite_residual_as_one_pass(gate, src):
+    """v + v * gate(conv(mean(v))): one ScaleAdd node (the HardSigmoid folded in) on a conv's
+    channels-last v ("y"); on an NCHW graph input ("x") the same node replays the original ops."""
+    c = 7 if src == "y" else 3
+    inits = [_t("w", _r(7, 3, 3, 3, scale=0.3)), _t("w2", _r(c, c, 1, 1))]
+    gate_attrs = {"alpha": 0.3} if gate == "HardSigmoid" else {}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", [src], ["m"]),
+        helper.make_node("Conv", ["m", "w2"], ["e"]),
+        helper.make_node(gate, ["e"], ["g"], **gate_attrs),
+        helper.make_node("Mul", [src, "g"], ["p"]),
+        helper.make_node("Add", ["p", src], ["out"]),
+    ]
+    outs = ["out"] if src == "y" else ["out", "y"]
+    m = _model(nodes, [("x", F32, ["n", 3, 9, 11])], outs, inits)
+    fast = _both(m, [{"x": _r(n, 3, 9, 11)} for n in (1, 3)], atol=1e-6)
+    assert "ScaleAdd" in _ops(fast) and "Add" not in _ops(fast), _ops(fast)
+    assert gate not in _ops(fast) if gate == "HardSigmoid" else gate in _ops(fast)
+
+
+RESIZES = [  # Resize attributes, scales or sizes (None), sizes
+    (
+        {
+            "mode": "nearest",
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": "floor",
+        },
+        [1, 1, 2, 2],
+        None,
+    ),  # PP-OCR's FPN
+    ({"mode": "nearest"}, [1, 1, 3, 1.5], None),  # half_pixel, round_prefer_floor, odd scales
+    ({"mode": "nearest", "coordinate_transformation_mode": "align_corners"}, None, [0, 0, 12, 10]),
+    ({"mode": "linear"}, [1, 1, 2, 2], None),  # not nearest: the original ops
+]
+
+
+def _resize_inputs(scales, sizes, n, c, h, w):
+    if scales is not None:
+        return ["", "sc"], [_t("sc", np.array(scales, np.float32))]
+    return ["", "", "sz"], [_t("sz", np.array([n, c, *sizes[2:]], np.int64))]
+
+
+@pytest.mark.parametrize("attrs,scales,sizes", RESIZES)
+def test_nearest_resize_then_add_as_one_pass(attrs, scales, sizes):
+    """FPN top-down: a + Resize(conv(x')) with both channels-last -> one ResizeAdd node."""
+    c, h, w = 6, 4, 5
+    oh, ow = (h * 2, w * 2)
+    if scales is not None:
+        oh, ow = int(h * scales[2]), int(w * scales[3])
+    else:
+        oh, ow = sizes[2], sizes[3]
+    inits = [_t("w", _r(c, 3, 3, 3, scale=0.3)), _t("w2", _r(c, 3, 1, 1))]
+    extra, more = _resize_inputs(scales, sizes, 2, c, h, w)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["small"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["z", "w2"], ["big"]),
+        helper.make_node("Resize", ["small", *extra], ["up"], **attrs),
+        helper.make_node("Add", ["big", "up"], ["out"]),
+    ]
+    # big is a graph output too: the Add is not its conv's residual
+    m = _model(nodes, [("x", F32, [2, 3, h, w]), ("z", F32, [2, 3, oh, ow])], ["out", "big"],
+               inits + more)  # fmt: skip
+    fast = _both(m, [{"x": _r(2, 3, h, w), "z": _r(2, 3, oh, ow)}], atol=1e-6)
+    assert "ResizeAdd" in _ops(fast), _ops(fast)
+
+
+@pytest.mark.parametrize("attrs,scales,sizes", RESIZES)
+def test_resizes_into_a_channel_concat_and_resize_read_twice(attrs, scales, sizes):
+    """Concat(Resize(a), b, Resize(c)) -> one ResizeConcat; a Resize also read elsewhere stays
+    a node (the op's own NHWC gather), its Concat the plain NHWC copy."""
+    h, w = 4, 5
+    if scales is not None:
+        oh, ow = int(h * scales[2]), int(w * scales[3])
+    else:
+        oh, ow = sizes[2], sizes[3]
+    inits = [_t("w1", _r(5, 3, 3, 3, scale=0.3)), _t("w2", _r(4, 3, 1, 1)),
+             _t("w3", _r(3, 3, 1, 1))]  # fmt: skip
+    ex1, more1 = _resize_inputs(scales, sizes, 2, 5, h, w)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["z", "w2"], ["b"]),
+        helper.make_node("Conv", ["x", "w3"], ["c"]),
+        helper.make_node("Resize", ["a", *ex1], ["ua"], **attrs),
+        helper.make_node("Resize", ["c", *ex1], ["uc"], **attrs),
+        helper.make_node("Concat", ["ua", "b", "uc"], ["out"], axis=1),
+        helper.make_node("Concat", ["ua", "b"], ["out2"], axis=-3),  # ua read twice
+    ]
+    m = _model(nodes, [("x", F32, [2, 3, h, w]), ("z", F32, [2, 3, oh, ow])], ["out", "out2"],
+               inits + more1)  # fmt: skip
+    fast = _both(m, [{"x": _r(2, 3, h, w), "z": _r(2, 3, oh, ow)}], atol=1e-6)
+    assert _ops(fast).count("Resize") == 1 and "ResizeConcat" in _ops(fast), _ops(fast)
+
+
+def test_resize_and_concat_of_nchw_inputs_stay_right():
+    """Graph inputs (NCHW) through the fused nodes' fallbacks and the ops' plain paths."""
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+             "nearest_mode": "floor"}  # fmt: skip
+    nodes = [
+        helper.make_node("Resize", ["x", "", "sc"], ["u"], **attrs),
+        helper.make_node("Add", ["z", "u"], ["s"]),
+        helper.make_node("Resize", ["x", "", "sc"], ["u2"], **attrs),
+        helper.make_node("Concat", ["u2", "z"], ["out"], axis=1),
+    ]
+    inits = [_t("sc", np.array([1, 1, 2, 2], np.float32))]
+    m = _model(nodes, [("x", F32, [1, 3, 4, 5]), ("z", F32, [1, 3, 8, 10])], ["s", "out"], inits)
+    fast = _both(m, [{"x": _r(1, 3, 4, 5), "z": _r(1, 3, 8, 10)}], atol=0)
+    assert "ResizeAdd" in _ops(fast) and "ResizeConcat" in _ops(fast)
+
+
+@pytest.mark.parametrize("o", [1, 7])
+def test_sigmoid_after_conv_transpose_is_fused(o):
+    """PP-OCR's head: ConvTranspose (+ BN) then Sigmoid, one node (direct loop and GEMM)."""
+    c = 5
+    inits = [_t("w0", _r(c, 3, 3, 3, scale=0.3)), _t("w", _r(c, o, 2, 2, scale=3.0)),
+             _t("b", _r(o))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("ConvTranspose", ["h", "w", "b"], ["y"], strides=[2, 2]),
+        helper.make_node("Sigmoid", ["y"], ["out"]),
+    ]
+    m = _model(nodes, [("x", F32, ["n", 3, 6, 5])], ["out"], inits)
+    fast = _both(m, [{"x": _r(n, 3, 6, 5)} for n in (1, 2)], atol=1e-5)  # fast-math sums
+    if G.microkernels_available():
+        assert _ops(fast) == ["FusedConv", "FusedConvTranspose"], _ops(fast)
+
+
+def test_float32_sigmoid_keeps_layout_limits_and_values():
+    """The Sigmoid op's float32 path (numpy passes): +-inf and large values, a channels-last
+    input keeps its layout, 0-d input; against float64."""
+    x = np.array([[-np.inf, -1e4, -88.8, -3.0, 0.0, 2.5, 90.0, np.inf]], np.float32)
+    m = _model([helper.make_node("Sigmoid", ["x"], ["y"])], [("x", F32, [1, 8])], ["y"])
+    got = ember.onnx.load(m.SerializeToString()).run({"x": x})["y"].numpy()
+    with np.errstate(over="ignore"):
+        want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-37)  # float32 exp overflows at 88.7
+    from ember.onnx._ops_math import _sigmoid
+
+    cl = _r(2, 5, 4, 3).transpose(0, 3, 1, 2)  # (2, 3, 5, 4) channels-last
+    y = _sigmoid(None, ember.from_numpy(cl))._data
+    assert y.transpose(0, 2, 3, 1).flags.c_contiguous
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-cl.astype(np.float64))), rtol=1e-6)
+    s = _sigmoid(None, ember.from_numpy(np.array(0.5, np.float32)))
+    assert s.shape == () and abs(float(s.numpy()) - 1 / (1 + math.exp(-0.5))) < 1e-7

@@ -113,12 +113,12 @@ class _BlockRun:
             if min(lo + hi) < 0 or e.w.shape[1] != c or hp < kh or wp < kw:
                 return False
             epads, src = (lo[0], hi[0], lo[1], hi[1]), (hp, wp, c)
-            if c < K.ROW_TAPS_BELOW_CHANNELS:  # a kernel row is one tap, as in conv_gemm
+            if c < K.FEW_CHANNELS:  # a kernel row is one tap, as in conv_gemm
                 taps, kc = np.arange(kh, dtype=np.int64) * wp * c, kw * c
             else:
                 taps = np.array([(i * wp + j) * c for i in range(kh) for j in range(kw)], np.int64)
                 kc = c
-            expand = (e.w._data.panels, e.b._data, _ACT[e.act], taps, kc, (esh, esw),
+            expand = (e.w._data, e.b._data, _ACT[e.act], taps, kc, (esh, esw),
                       (kh, lo[0], lo[1], h, w))  # fmt: skip
             h, w, c = (hp - kh) // esh + 1, (wp - kw) // esw + 1, e.w.shape[0]
         wdw = d.w._data.panels

@@ -327,7 +327,8 @@ class _ConvTransposeRun:
         (kh, kw), o = self.k, self.o
         a = K.nhwc(x._data)
         out = np.empty((n, h * kh, wd * kw, o), _F32)
-        code = K.ACTS[self.act]
+        sigmoid = self.act == "sigmoid"  # (never with a scale and shift: _fuse_transpose)
+        code = 0 if sigmoid else K.ACTS[self.act]
         fused = code if code <= 2 else 0  # hard swish, SiLU: after, with the scale and shift
         if self.direct:
             K.conv_transpose(a, self.w, self.bias, out, fused)
@@ -340,9 +341,18 @@ class _ConvTransposeRun:
             y = np.empty((m, kh * kw * o), _F32)
             span = (0, max(m - 1, 0) * c)
             G.gemm(a.reshape(-1), rows, _TAP0, c, self.w, self.bias, None, fused, y, span)
-            K.copy4d(y.reshape(n * h, wd, kh, kw * o).transpose(0, 2, 1, 3),
-                     out.reshape(n * h, kh, wd, kw * o))  # fmt: skip
+            from ember.kernels.cpu import nhwc
+
+            nhwc.depth_to_space(
+                y.reshape(n * h, wd, kh, kw * o), out.reshape(n * h, kh, wd, kw * o)
+            )
         K._post(out, code, self.scale, self.shift)
+        if sigmoid:  # in place, on numpy's vector exp (ember.sigmoid: 0.6 ms at 640x640, this 0.23)
+            np.negative(out, out=out)
+            with np.errstate(over="ignore"):  # exp(-x) = inf: 1 / inf = 0, as the op's
+                np.exp(out, out=out)
+            out += 1
+            np.reciprocal(out, out=out)
         return Tensor._wrap(K.channels_last(out))
 
 
@@ -374,6 +384,10 @@ def _fuse_transpose(rw: Rewriter, i: int) -> None:
         return
     shift0 = np.zeros(o) if b is None else b.astype(np.float64)
     idxs, out, _, act, post, scale, shift = _chain(rw, i, o, 4, shift0, residual=False)
+    j = rw.sole_user(out)
+    sig = rw.node(j)
+    if act is None and post is None and sig is not None and sig.op == "Sigmoid" and sig.outputs[0]:
+        idxs, out, act = [*idxs, j], sig.outputs[0], "sigmoid"  # the detector's probability map
     wf = w.astype(np.float64) * scale.reshape(1, -1, 1, 1)
     wm = np.ascontiguousarray(wf.transpose(2, 3, 1, 0).reshape(kh * kw * o, c).astype(_F32))
     bias = np.tile(shift, kh * kw).astype(_F32)

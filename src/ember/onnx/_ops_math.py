@@ -134,10 +134,26 @@ for _name, _fn in {
     "Sin": ember.sin, "Cos": ember.cos, "Tan": ember.tan, "Asin": ember.asin, "Acos": ember.acos,
     "Atan": ember.atan, "Sinh": ember.sinh, "Cosh": ember.cosh, "Tanh": ember.tanh,
     "Erf": ember.erf, "Ceil": ember.ceil, "Floor": ember.floor, "Sign": ember.sign,
-    "Round": ember.round, "Reciprocal": ember.reciprocal, "Sigmoid": ember.sigmoid,
+    "Round": ember.round, "Reciprocal": ember.reciprocal,
     "Relu": F.relu, "Softsign": F.softsign, "Mish": F.mish, "HardSwish": F.hardswish,
 }.items():  # fmt: skip
     op(_name)(lambda a, x, _f=_fn: _f(x))
+
+
+@op("Sigmoid")
+def _sigmoid(a: Attrs, x):
+    d = x._data
+    if d.dtype != np.float32:
+        return ember.sigmoid(x)
+    # float32 (the graph runs without gradients): four in-place numpy passes on numpy's vector
+    # exp, 14 us for PP-OCRv4 rec's (1, 480, 1, 40) SE gates against ember.sigmoid's 37
+    y = np.array(d, copy=True, order="K")  # its layout kept (a conv's channels-last result)
+    np.negative(y, out=y)
+    with np.errstate(over="ignore"):  # exp(-x) = inf: 1 / inf = 0, the limit
+        np.exp(y, out=y)
+    y += np.float32(1)
+    np.reciprocal(y, out=y)
+    return Tensor._wrap(y)
 
 
 @op("Asinh")

@@ -124,7 +124,31 @@ def _transpose(a: Attrs, x):
 def _concat(a: Attrs, *xs):
     xs = [x for x in xs if x is not None]
     ax = axis_of(a.get("axis", 0), xs[0].ndim, a.where())
+    if ax == 1 and len(xs) > 1:
+        fast = _concat_nhwc(xs)
+        if fast is not None:
+            return fast
     return ember.cat(xs, dim=ax)
+
+
+def _concat_nhwc(xs: list) -> Tensor | None:
+    """A channel Concat of channels-last float32 (N, C, H, W) data (fused convs' results) as one
+    NHWC copy (kernels.cpu.nhwc), channels-last out, which the next fused conv reads in place;
+    None for any other input. ember.cat's result had to be copied back to NHWC by that conv:
+    PP-OCRv4 det's 4 x 24 -> 96 channels at 160x160 took 1.4 ms (ad-hoc per-node timing)."""
+    ts = []
+    for x in xs:
+        d = x._data
+        if d.ndim != 4 or d.dtype != np.float32 or d.shape[0] != xs[0].shape[0] or \
+                d.shape[2:] != xs[0].shape[2:]:  # fmt: skip
+            return None
+        t = d.transpose(0, 2, 3, 1)
+        if not t.flags.c_contiguous:
+            return None
+        ts.append(t)
+    from ember.kernels.cpu import nhwc
+
+    return Tensor._wrap(nhwc.concat_channels(ts).transpose(0, 3, 1, 2))
 
 
 @op("Split")

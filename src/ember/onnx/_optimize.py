@@ -201,7 +201,7 @@ def memoize_static(rw: Rewriter) -> None:
 
 def optimize(graph: Graph) -> Graph:
     """Rewrite graph's nodes in place (see the module docstring); returns graph."""
-    from ember.onnx import _fuse_conv, _fuse_dense
+    from ember.onnx import _fuse_conv, _fuse_dense, _fuse_nhwc
 
     rw = Rewriter(graph)
     fold_constants(rw)
@@ -209,6 +209,8 @@ def optimize(graph: Graph) -> Graph:
     _fuse_dense.fuse_activations(rw)
     rw.index()
     _fuse_conv.fuse(rw)
+    rw.index()
+    _fuse_nhwc.fuse(rw)
     rw.index()
     _fuse_dense.fuse(rw)
     memoize_static(rw)

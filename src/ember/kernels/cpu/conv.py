@@ -35,7 +35,7 @@ import threading
 import numpy as np
 
 from ember.errors import ShapeError
-from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none, renamed
+from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
 from ember.kernels.cpu import gemm as G
 from ember.kernels.registry import register
 from ember.threads import get_num_threads
@@ -273,45 +273,6 @@ def _build_nhwc(nb):
                     d[t] = s[t]
 
     @nb.njit(parallel=True, **opts)
-    def convt_small(x, wt, bias, out, act):  # pragma: no cover - compiled
-        n, h, w, c = x.shape
-        kh, q_n = wt.shape[0], wt.shape[1]
-        xf, wf, of = x.reshape(-1), wt.reshape(-1), out.reshape(-1)
-        for r in nb.prange(n * h):
-            for j in range(w):
-                xs = (r * w + j) * c
-                for a in range(kh):
-                    ds = ((r * kh + a) * w + j) * q_n
-                    for q in range(q_n):
-                        ws = (a * q_n + q) * c
-                        acc = bias[a * q_n + q]
-                        for t in range(c):  # unsigned indices: no wraparound, it vectorises
-                            acc += xf[np.uint64(xs + t)] * wf[np.uint64(ws + t)]
-                        if act == 1:
-                            acc = max(acc, np.float32(0))
-                        elif act == 2:
-                            acc = min(max(acc, np.float32(0)), np.float32(6))
-                        of[np.uint64(ds + q)] = acc
-        return out
-
-    @nb.njit(parallel=True, **opts)
-    def channel_sums(x, parts):  # pragma: no cover - compiled
-        n, m, c = x.shape
-        nb_ = parts.shape[1]
-        for task in nb.prange(n * nb_):
-            b, k = task // nb_, task % nb_
-            acc = parts[b, k]
-            for t in range(c):
-                acc[t] = 0.0
-            for r in range(m * k // nb_, m * (k + 1) // nb_):
-                row = x[b, r]
-                for t in range(c):
-                    acc[t] += row[t]
-        return parts
-
-    channel_sums_serial = nb.njit(**opts)(renamed(channel_sums.py_func, "serial"))
-
-    @nb.njit(parallel=True, **opts)
     def post(y, act, scale, shift):  # pragma: no cover - compiled
         for r in nb.prange(y.shape[0]):
             _post_rows(y, act, scale, shift, r, r + 1)
@@ -326,8 +287,7 @@ def _build_nhwc(nb):
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial,
-        "convt_small": convt_small, "channel_sums": channel_sums, "nchw_to_nhwc": nchw_to_nhwc,
-        "channel_sums_serial": channel_sums_serial,
+        "nchw_to_nhwc": nchw_to_nhwc,
     }  # fmt: skip
 
 
@@ -419,18 +379,16 @@ def conv_transpose_reference(x, wt, bias, out, act: int) -> np.ndarray:
 
 def conv_transpose(x, wt, bias, out, act: int) -> np.ndarray:
     """``conv_transpose_reference`` (contiguous float32 operands) as one numba pass, input
-    pixel rows in parallel: for
-    narrow outputs (PP-OCR's last upsampling, one channel) instead of the packed GEMM, whose
+    pixel rows as tasks on the pool (kernels.cpu.nhwc): for narrow outputs (PP-OCR's last upsampling, one channel) instead of the packed GEMM, whose
     32-column panel would be mostly padding, and the depth-to-space copy after it."""
-    k = _kernels()
-    if k is None:
+    from ember.kernels.cpu import nhwc
+
+    for a in (x, wt, bias, out):
+        if a.dtype != _F32 or not a.flags.c_contiguous:
+            raise ShapeError("conv_transpose: contiguous float32 operands expected")
+    if nhwc.conv_transpose_direct(x, wt, bias, out, act) is None:
         return conv_transpose_reference(x, wt, bias, out, act)
-    return k["convt_small"](x, wt, bias, out, act)
-
-
-# smaller inputs are summed on the calling thread: numba's parallel region woke its sleeping
-# workers for MobileNetV2's 7x7x1280 map, 46-65 us in the network, ~5 alone
-CHANNEL_MEAN_SERIAL_BELOW = 1 << 18
+    return out
 
 
 def channel_mean(x: np.ndarray) -> np.ndarray:
@@ -438,17 +396,16 @@ def channel_mean(x: np.ndarray) -> np.ndarray:
 
     A channels-last global average pool: numpy's reduction over the middle axis ran at ~12 GB/s
     (0.8 ms for PP-OCRv4 det's 96x160x160 map); here row blocks are summed in parallel, a
-    vector of C float64 sums per block.
+    vector of C float64 sums per block, as tasks on the pool (kernels.cpu.nhwc: the prange
+    region right after the conv before it waited ~0.2 ms for the core the pool's worker spun
+    on; the detector's 10 global pools took 1.0 ms of a b1 pass that way, ad-hoc timing).
     """
-    k = _kernels()
+    from ember.kernels.cpu import nhwc
+
     n, m, c = x.shape
     if m == 0:  # the mean of nothing is NaN, as numpy's (without its warning)
         return np.full((n, c), np.nan, _F32)
-    if k is None:
-        return x.mean(axis=1, dtype=np.float64).astype(_F32)
-    parts = np.empty((n, max(1, min(8, m // 64)), c), np.float64)
-    sums = k["channel_sums_serial" if x.size < CHANNEL_MEAN_SERIAL_BELOW else "channel_sums"]
-    return (sums(x, parts).sum(axis=1) / m).astype(_F32)
+    return (nhwc.channel_sums(x).sum(axis=1) / m).astype(_F32)
 
 
 def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -465,8 +422,11 @@ def copy4d(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 _buffers = threading.local()
 MAX_CACHED = 64  # scratch buffers per thread; offset tables (one per input geometry)
 _OFFSETS: dict = {}
-# kxk convs with fewer input channels take a kernel row's kw*C floats as one tap (see conv_gemm)
-ROW_TAPS_BELOW_CHANNELS = 16
+# kxk convs with fewer input channels take each output pixel's kw*C floats of a kernel row as one
+# tap (contiguous in the padded NHWC input): kh taps of kw*C instead of kh*kw taps of C. PP-OCRv4
+# det's 640x640 RGB stem (3x3 stride 2): 2.7 ms when those rows were copied out first (a window
+# row per output column: 7.4 MB), 1.46 ms read in place (ad-hoc timing of the node, 2 threads)
+FEW_CHANNELS = 16
 
 
 def nhwc(x: np.ndarray) -> np.ndarray:
@@ -541,12 +501,7 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     x and res: (N, C, H, W) arrays (channels-last ones are read without a copy); kernel (kh, kw).
     A kxk conv reads its (zero-padded) NHWC input tap by tap, each tap a fixed offset from the
     output pixel's window (no im2col); bias, residual and activation are applied as each output
-    tile is stored. With few input channels (an RGB stem) a tap of C floats is too short a
-    run of GEMM depth: there the kw*C contiguous floats of a kernel row in the padded NHWC input
-    are one tap (kh taps of kw*C). The window-row copy (each output column's kw*C floats written
-    out) that did this before cost more than the product: PP-OCRv4 det's 640x640 stem
-    2.5-2.8 -> 1.4 ms, ResNet-50's 7x7 stem 1.0-1.3 -> 0.6, MobileNetV2's at batch 8 2.4 ->
-    1.2 (conv_gemm alone, 2 threads, alternating).
+    tile is stored. With few input channels (the RGB stem) a tap is a kernel row's kw*C floats.
     """
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (pt, pb, pl, pr) = kernel, stride, pads
@@ -559,7 +514,7 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
     src = _padded(a, pt, pb, pl, pr) if pad else a
     geom = ((kh, kw), (sh, sw))
-    if c < ROW_TAPS_BELOW_CHANNELS:  # few channels: a kernel row's kw*C floats are one tap
+    if c < FEW_CHANNELS and kw > 1:  # a window row's kw*C floats are contiguous: one tap each
         geom = ((kh, 1), (sh, sw))
     key = (src.shape, geom, oh, ow)
     offs = _OFFSETS.get(key)

@@ -511,6 +511,15 @@ CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays 
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
 
+def k_block(panels: int, kk: int) -> int:
+    """The K blocking of a product of `panels` panels of kk rows: K_BLOCK, or all of K for one
+    panel of at most 2048 rows (an output of at most NR columns: its weight, 256 KB at most,
+    stays in L2, and every block of K cost the tiles a pass of loads and stores of their
+    accumulators; PP-OCRv4 det's 3x3 96 -> 24 conv at 160x160: 3.2 -> 2.9 ms, ad-hoc timing of
+    the GEMM, 2 threads)."""
+    return kk if panels == 1 and kk <= 2048 else K_BLOCK
+
+
 def gemm(
     a, rowoff, tapoff, kc, packed, bias, res, act: int, out, span=None, threads: int | None = None
 ) -> np.ndarray:
@@ -526,6 +535,10 @@ def gemm(
     from ember.threads import get_num_threads
 
     st = _state()
+    if packed.ndim == 3 and packed.shape[2] != st["nr"] and packed.shape[2] * 2 == st["nr"]:
+        from ember.kernels.cpu import gemm_narrow  # panels of one vector (a narrow weight)
+
+        return gemm_narrow.gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, span, threads)
     m, o = out.shape
     threads = max(1, get_num_threads() if threads is None else threads)
     _check(a, rowoff, tapoff, kc, packed, bias, res, out, st["nr"], span)
@@ -536,7 +549,7 @@ def gemm(
     if threads == 1 or small:  # waking the workers costs more
         st["serial"](
             a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None),
-            act, out, mr, 1, 1, CHUNK_PIXELS, K_BLOCK,
+            act, out, mr, 1, 1, CHUNK_PIXELS, k_block(panels, packed.shape[1]),
         )  # fmt: skip
         return out
     if USE_POOL:
@@ -556,7 +569,7 @@ def gemm(
         tasks_m = min(tiles, max(1, threads // tasks_p))
     st["driver"](
         a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None), act,
-        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, K_BLOCK,
+        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, k_block(panels, packed.shape[1]),
     )  # fmt: skip
     return out
 
@@ -567,7 +580,8 @@ class PackedWeight(np.ndarray):
 
     ``PackedWeight(w)`` packs a Linear weight (out, in) or a Conv2d weight (out, in, kh, kw)
     once: ``panels`` is ``pack_weight`` of the (kh*kw*in, out) matrix (taps outermost, as the
-    NHWC implicit GEMM reads them), or None where this process has no microkernels. It stays an
+    NHWC implicit GEMM reads them), or None where this process has no microkernels; a weight of
+    at most NR/2 outputs gets panels of NR/2 columns (kernels.cpu.gemm_narrow's). It stays an
     ndarray with the weight's own values, so ``state_dict()``, ``parameters()`` and every op see
     the weight; the kernels of the ``linear``, ``conv2d`` and ``fused_conv2d`` ops (registered
     here and in kernels.cpu.conv) apply when they are given one with panels.
@@ -586,6 +600,10 @@ class PackedWeight(np.ndarray):
         obj = w.view(cls)
         if panels is True:
             nr = panel_width()
+            if nr is not None and w.shape[0] <= nr // 2:  # narrow: kernels.cpu.gemm_narrow
+                from ember.kernels.cpu import gemm_narrow
+
+                nr = gemm_narrow.width() or nr
             panels = None if nr is None else pack_weight(_matrix(w), nr)
         obj.panels = panels
         return obj

@@ -18,16 +18,16 @@ map. Bands are tasks on ember's pool (kernels.cpu.pool); a band boundary recompu
 ahead of 4 and 14 for the whole network at batch 1).
 
 The pieces are the unfused kernels' own: the expand and project products are the packed
-GEMM's ``_block`` (gemm.block_kernel: the same microkernels, the same blocking of K), the
+GEMM's ``_block`` (gemm.block_kernel: the same microkernels, K in blocks of gemm.K_BLOCK), the
 depthwise rows dwconv's vector kernels (``dwconv.state()["rows"]``), so each value is computed
-by the same sequence of operations as in the three separate layers. The expand may be any
+as in the three separate layers up to the order of the sums over K. The expand may be any
 dense conv read the way conv_gemm reads it (tap offsets into its zero-padded NHWC input, a
-kernel row as one tap below conv.ROW_TAPS_BELOW_CHANNELS channels): MobileNetV2's stem (3x3
+kernel row as one tap below conv.FEW_CHANNELS channels): MobileNetV2's stem (3x3
 stride 2 from the RGB image) is its first block's expand, and the image's NCHW rows are copied
 into the padded input by the tasks that read them (no serial pre-pass: 40-60 us at batch 1).
-A project of at most NR/2 output channels (the first block's 32 -> 16) runs on microkernels
-of one vector of columns (gemm's IR and tile loop built for nv = 1): on NR-wide panels half
-its multiply-adds were padding (that block 256 -> 207 us alone, 2 threads).
+A project of at most NR/2 output channels (the first block's 32 -> 16) runs on gemm_narrow's
+rows (panels of one vector, whole K per tile): on NR-wide panels half its multiply-adds were
+padding (that block 256 -> 207 us alone, 2 threads, with the first version of these kernels).
 
 Where the kernels or the pool do not run, ``state()`` is None and the caller runs the three
 layers.
@@ -72,7 +72,7 @@ def _gemm_rows_py(aa, ra, ta, nt, kc, ba, oa, bsa, rsa, m, o, nr, mr, kblock, ch
                nt, kc, g, ncs, nkb, mr, flags, lo, hi)  # fmt: skip
 
 
-_gemm_rows = _gemm_rows_n = None  # compiled by _build (_n: on the narrow microkernels)
+_gemm_rows = _narrow_rows = None  # compiled by _build; gemm_narrow's rows (bound by _build)
 
 
 def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -93,7 +93,7 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
                                     _ld(p, D_SPT), _ld(p, D_SPL))  # fmt: skip
     ekh, esh = _ld(p, D_EKH), _ld(p, D_ESH)
     wp = xrow // (esh * sc)  # the padded input's width
-    narrow, ppn, mrn = _ld(p, D_NARROW), _ld(p, D_PPN), G.MR_MAX
+    narrow, ppn = _ld(p, D_NARROW), _ld(p, D_PPN)
     wdw = carray(_vptr(_ld(p, D_DW)), (kh, kw, ce), np.float32)
     bdw = carray(_vptr(_ld(p, D_DB)), (ce,), np.float32)
     erow = wd * ce  # floats of one expanded row
@@ -152,8 +152,8 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
             off = (b * oh + ya) * ow * co * 4
             rsa = ra + off if has_r else oa + off
             if narrow:  # one vector of columns per row: a 2-vector panel would be half padding
-                _gemm_rows_n(da, roe, tap0, 1, ce, ppn, oa + off, pba, rsa, (yb - ya) * ow, co,
-                             nr // 2, mrn, kblock, chunk, pflags, pact)  # fmt: skip
+                _narrow_rows(0, (yb - ya) * ow, da, roe, tap0, 1, ce, ppn, oa + off, co, pba, rsa,
+                             pflags, pact)  # fmt: skip
             else:
                 _gemm_rows(da, roe, tap0, 1, ce, ppa, oa + off, pba, rsa, (yb - ya) * ow, co, nr,
                            mr, kblock, chunk, pflags, pact)  # fmt: skip
@@ -195,45 +195,17 @@ def _build(nb) -> dict:
     g["_fetch_add"] = types.ExternalFunction(
         "ember_sgemm_fetch_add", types.int64(types.int64, types.int64)
     )
-    g["_gemm_rows_n"], engine = _narrow_rows(nb)
+    from ember.kernels.cpu import gemm_narrow
+
+    narrow = gemm_narrow._state()
+    if narrow is None:
+        return {"ok": False}
+    g["_narrow_rows"] = narrow["rows"]
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
     pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
     go = nb.njit(nogil=True, cache=True)(_go_py)
-    return {"ok": True, "task": task, "fn": task.address, "engine": engine, "go": go}
-
-
-def _with_globals(fn, g: dict, suffix: str):
-    """fn compiled against the globals g (a cache entry of its own: see kernels.cpu.renamed)."""
-    import types
-
-    h = types.FunctionType(fn.__code__, g, f"{fn.__name__}_{suffix}", fn.__defaults__)
-    h.__qualname__ = f"{fn.__qualname__}_{suffix}"
-    return h
-
-
-def _narrow_rows(nb):
-    """``_gemm_rows`` on microkernels of one vector of columns (NR/2) and up to MR_MAX rows:
-    gemm's own kernel IR, tile loop and dispatch, built for nv = 1. A product of at most NR/2
-    output columns (MobileNetV2's first project, 32 -> 16 channels) on the 2-vector kernels
-    spends half its multiply-adds on the panel's padding."""
-    from numba import types
-
-    w = G.ISAS[G.isa()][0]
-    names = [f"ember_irbn_{m}" for m in range(1, G.MR_MAX + 1)]
-    ir = [G._kernel_ir(m, 1, w).replace(f"@ember_sgemm_{m}(", f"@{names[m - 1]}(")
-          for m in range(1, G.MR_MAX + 1)]  # fmt: skip
-    engine = G.jit_ir(ir, names)
-    i64 = types.int64
-    sig = types.void(*([i64] * 12), types.float32, types.float32, i64, i64)
-    gg = dict(vars(G))
-    for m in range(1, G.MR_MAX + 1):
-        gg[f"_k{m}"] = types.ExternalFunction(names[m - 1], sig)
-    opts = dict(nogil=True, cache=True)
-    gg["_micro"] = nb.njit(**opts)(_with_globals(G._micro_py, gg, "irb_narrow"))
-    gi = dict(globals())
-    gi["_block"] = nb.njit(**opts)(_with_globals(G._block_py, gg, "irb_narrow"))
-    return nb.njit(**opts)(_with_globals(_gemm_rows_py, gi, "narrow")), engine
+    return {"ok": True, "task": task, "fn": task.address, "go": go}
 
 
 def state() -> dict | None:
@@ -278,7 +250,7 @@ class Plan:
                  has_res: bool, threads: int) -> None:  # fmt: skip
         """h, w: the depthwise's input size; src (hp, wp, c): the NHWC array ``run`` gets (the
         expand's zero-padded input, or the depthwise's input when there is no expand);
-        expand: (panels, bias, act, tap offsets, floats per tap, (row, column) stride, (kernel
+        expand: (PackedWeight, bias, act, tap offsets, floats per tap, (row, column) stride, (kernel
         rows, top and left padding, unpadded height and width)) or None;
         dw: (weight (kh, kw, Ce), bias, act); project: (PackedWeight, bias, co, act); stride and pads
         (top, bottom, left, right) the depthwise's."""
@@ -288,7 +260,7 @@ class Plan:
         kh, kw, ce = wdw.shape
         (sh, sw), (pt, pb_, pl, pr) = stride, pads
         pw, pb, co, pact = project
-        pp = pw.panels
+        pp = _panels(pw, nr)
         oh, ow = self.out_hw = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
         # bands per image: TASKS_PER_THREAD per thread over the batch when the map has that
         # many MIN_BAND-row bands; a multiple of the threads when there are few of them (3 bands
@@ -306,16 +278,15 @@ class Plan:
         self.items, self.slot, self.n, self.co = n * tpi, slot, n, co
         self.nslots = threads + 1  # at most `threads` tasks run at once: one slot always free
         hp, wp, c = src
-        ep, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
+        ew, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
             expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w))
         )
+        ep = None if ew is None else _panels(ew, nr)
         q = np.arange(ecap * w, dtype=np.int64)
         self.roi = ((q // w) * esh * wp + (q % w) * esw) * c  # from the row block's origin
         self.roe = _rowoffs(rsub * ow, ce)
-        narrow = None
-        if co <= nr // 2:  # the project's weight packed again, in panels of NR/2 columns
-            narrow = G.pack_weight(G._matrix(np.asarray(pw, np.float32)), nr // 2)
-        self.keep = (expand, dw, project, narrow)  # the arrays the descriptor points into
+        narrow = _panels(pw, nr // 2) if co <= nr // 2 else None  # gemm_narrow's panels
+        self.keep = (expand, dw, project, narrow, ep)  # the arrays the descriptor points into
         d = np.zeros(D_WORDS, np.int64)
         d[D_N], d[D_H], d[D_W] = n, h, w
         d[D_XROW], d[D_XIMG] = esh * wp * c, hp * wp * c
@@ -359,6 +330,15 @@ class Plan:
                      out if res is None else res, x if nchw is None else nchw, res is not None,
                      nchw is not None)  # fmt: skip
         return out
+
+
+def _panels(w, nr: int) -> np.ndarray:
+    """A PackedWeight's panels if they are nr wide, else its values packed so (a weight of at
+    most NR/2 outputs carries gemm_narrow's panels)."""
+    p = w.panels
+    if p is not None and p.shape[2] == nr:
+        return p
+    return G.pack_weight(G._matrix(np.asarray(w, np.float32)), nr)
 
 
 def _out(size: int, k: int, s: int, lo: int, hi: int) -> int:

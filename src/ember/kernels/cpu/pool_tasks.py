@@ -195,7 +195,7 @@ def gemm(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int) -> No
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
          bias.ctypes.data, r.ctypes.data, int(res is not None), act, out.ctypes.data, mr, tasks_p,
-         rows, G.K_BLOCK, m, o, panels, kk, nr, len(tapoff)],
+         rows, G.k_block(panels, kk), m, o, panels, kk, nr, len(tapoff)],
         np.int64,
     )  # fmt: skip
     _go("gemm", params, tasks_m * tasks_p, 1)
