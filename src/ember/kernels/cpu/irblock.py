@@ -42,6 +42,7 @@ import numpy as np
 from ember.kernels.cpu import gemm as G
 
 _STATE: dict = {}
+_LOCK = threading.Lock()
 carray = None  # numba.carray, bound by _build
 _ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = None  # bound by _build
 _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
@@ -208,16 +209,21 @@ def _build(nb) -> dict:
     return {"ok": True, "task": task, "fn": task.address, "go": go}
 
 
-def state() -> dict | None:
-    """The compiled task (built once), or None where the block must run as three layers."""
-    if "ok" not in _STATE:
-        _STATE["ok"] = False
-        from ember.kernels.cpu import numba_or_none
+def _build_all() -> dict:
+    from ember.kernels.cpu import numba_or_none
 
-        nb = numba_or_none()
-        if nb is not None and G.isa() is not None:
-            _STATE.update(_build(nb))
-    return _STATE if _STATE["ok"] else None
+    nb = numba_or_none()
+    if nb is None or G.isa() is None:
+        return {"ok": False}
+    return _build(nb)
+
+
+def state() -> dict | None:
+    """The compiled task (built once, under a lock), or None where the block must run as three
+    layers."""
+    from ember.kernels.cpu import built_once
+
+    return built_once(_STATE, _LOCK, _build_all)
 
 
 _local = threading.local()
