@@ -304,6 +304,8 @@ DW_CASES = [  # n, h, w, c, k, stride, pt, pl: full and partial channel blocks, 
     (1, 12, 23, 64, 3, 1, 1, 1),  # interior runs of P_MAX pixels and a remainder
     (1, 7, 9, 3, 7, 2, 3, 3),
     (1, 6, 5, 16, 3, 2, 0, 0),  # no padding: no edge columns
+    (2, 9, 18, 33, 5, 1, 2, 2),  # stride 1, runs of P_MAX and a remainder, masked channels
+    (1, 5, 7, 20, 3, 1, 1, 1),
 ]
 
 

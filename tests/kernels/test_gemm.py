@@ -97,7 +97,9 @@ def _conv_gemm_case(n, h, w, c, o, k, s, pad, threads):
         _check(a, rowoff, tapoff, c, o, act, with_res, threads)
 
 
-@pytest.mark.parametrize("m,k,o", [(1, 7, 5), (13, 33, 65), (200, 4, 3), (0, 8, 8)])
+@pytest.mark.parametrize(
+    "m,k,o", [(1, 7, 5), (13, 33, 65), (200, 4, 3), (0, 8, 8), (1, 1280, 1000)]
+)
 def test_linear_rows_match_reference(m, k, o):
     a = RNG.standard_normal(m * k).astype(np.float32)
     _check(a, np.arange(m, dtype=np.int64) * k, np.zeros(1, np.int64), k, o, 0, False, 2)

@@ -224,6 +224,123 @@ def test_conv1d_and_channels_last_between_convs():
         assert _ops(fast).count("FusedConv") == 2
 
 
+# ---- inverted-residual blocks (kernels.cpu.irblock) ----------------------------------------
+
+IR_BLOCKS = [  # c, expand (ce, k: 0 none, 1 a 1x1, 3 a 3x3 stride-2 stem), co, dw k, stride, pads
+    (16, (48, 1), 16, 3, 1, {"pads": [1, 1, 1, 1]}),  # MobileNetV2's: residual
+    (5, (30, 1), 7, 3, 2, {"pads": [1, 1, 1, 1]}),  # odd channels, narrow project (co <= NR/2)
+    (24, (300, 1), 40, 5, 2, {"pads": [2, 1, 2, 1]}),  # Ce > K_BLOCK, two panels, asymmetric
+    (32, (32, 0), 16, 3, 1, {"pads": [1, 1, 1, 1]}),  # no expand (MobileNetV2's first block)
+    (3, (19, 3), 9, 3, 1, {"pads": [1, 1, 1, 1]}),  # the stem as the expand (NCHW image rows)
+    (8, (20, 1), 8, 3, 1, {"auto_pad": "SAME_UPPER"}),
+    (6, (12, 1), 6, 3, 2, {"auto_pad": "VALID"}),
+]
+
+
+def _ir_block(c, expand, co, k, s, attrs, acts=("Clip6", "Clip6", None), res=True):
+    """[Conv (+BN) act] -> depthwise Conv act -> 1x1 Conv [+ x]: an ONNX inverted residual."""
+    ce, ek = expand
+    inits = [_t("lo", np.float32(0)), _t("hi", np.float32(6))]
+    nodes, h, n_ = [], "x", 0
+
+    def act(src, a):
+        nonlocal n_
+        n_ += 1
+        if a is None:
+            return src
+        out = f"a{n_}"
+        ins = [src, "lo", "hi"] if a == "Clip6" else [src]
+        nodes.append(helper.make_node("Clip" if a == "Clip6" else a, ins, [out]))
+        return out
+
+    if ek:
+        inits += [_t("we", _r(ce, c, ek, ek, scale=0.4)), _t("be", _r(ce)), _t("g", _r(ce)),
+                  _t("bb", _r(ce)), _t("mu", _r(ce)), _t("v", np.abs(_r(ce)) + 0.5)]  # fmt: skip
+        kw = {"strides": [2, 2], "pads": [1, 1, 1, 1]} if ek == 3 else {}
+        nodes += [helper.make_node("Conv", ["x", "we", "be"], ["e"], **kw),
+                  helper.make_node("BatchNormalization", ["e", "g", "bb", "mu", "v"], ["eb"])]  # fmt: skip
+        h = act("eb", acts[0])
+    inits += [_t("wd", _r(ce, 1, k, k, scale=0.4)), _t("bd", _r(ce)), _t("wp", _r(co, ce, 1, 1,
+              scale=0.3)), _t("bp", _r(co))]  # fmt: skip
+    nodes.append(
+        helper.make_node("Conv", [h, "wd", "bd"], ["d"], group=ce, strides=[s, s], **attrs)
+    )
+    d = act("d", acts[1])
+    nodes.append(helper.make_node("Conv", [d, "wp", "bp"], ["p"]))
+    out = "p"
+    if res:
+        nodes.append(helper.make_node("Add", ["x", "p"], ["r"]))
+        out = "r"
+    return act(out, acts[2]), nodes, inits
+
+
+def _check_ir_block(c, expand, co, k, s, attrs, acts=("Clip6", "Clip6", None), hw=(19, 14)):
+    """One block in the optimized and the plain graph at batch 1, 3 and 0."""
+    res = s == 1 and co == c and "VALID" not in attrs.values() and expand[1] != 3
+    out, nodes, inits = _ir_block(c, expand, co, k, s, attrs, acts, res)
+    m = _model(nodes, [("x", F32, ["n", c, *hw])], [out], inits)
+    fast = _both(m, [{"x": _r(n, c, *hw)} for n in (1, 3, 0)])
+    if G.microkernels_available():
+        assert _ops(fast) == ["FusedInvertedResidual"], _ops(fast)
+
+
+@pytest.mark.parametrize("c,expand,co,k,s,attrs", IR_BLOCKS)
+@pytest.mark.parametrize("bands", ["default", "thin"])
+def test_inverted_residual_block_as_one_node(c, expand, co, k, s, attrs, bands, monkeypatch):
+    """thin: one-row bands and sub-bands, so every band boundary and every reuse of the
+    expanded rows of the sub-band before is exercised."""
+    from ember.kernels.cpu import irblock
+
+    if bands == "thin":
+        monkeypatch.setattr(irblock, "MIN_BAND", 1)
+        monkeypatch.setattr(irblock, "L2_BUDGET", 1)
+    _check_ir_block(c, expand, co, k, s, attrs)
+
+
+@pytest.mark.parametrize("acts", [("Relu", "Relu", "Relu"), (None, "Clip6", "Relu"),
+                                  ("Clip6", None, None)])  # fmt: skip
+def test_inverted_residual_block_activations_and_one_thread(acts):
+    threads = ember.get_num_threads()
+    try:
+        for t in (1, 2):
+            ember.set_num_threads(t)
+            _check_ir_block(16, (40, 1), 16, 3, 1, {"pads": [1, 1, 1, 1]}, acts, hw=(9, 30))
+    finally:
+        ember.set_num_threads(threads)
+
+
+def test_inverted_residual_blocks_not_fused_and_replayed():
+    """A chain value read twice stays unfused; a residual that broadcasts, or an input of
+    another channel count at run time, runs the three convs."""
+    out, nodes, inits = _ir_block(8, (16, 1), 8, 3, 1, {"pads": [1, 1, 1, 1]}, res=False)
+    nodes.append(helper.make_node("Add", [out, "rb"], ["o1"]))  # a residual that broadcasts
+    m = _model(nodes, [("x", F32, ["n", 8, 7, 6]), ("rb", F32, [1, 8, 1, 1])], ["o1"], inits)
+    fast = _both(m, [{"x": _r(n, 8, 7, 6), "rb": _r(1, 8, 1, 1)} for n in (1, 2)])
+    if G.microkernels_available():
+        assert _ops(fast) == ["FusedInvertedResidual"], _ops(fast)
+    out, nodes, inits = _ir_block(8, (16, 1), 8, 3, 1, {"pads": [1, 1, 1, 1]}, res=False)
+    m = _model(nodes, [("x", F32, ["n", 8, 7, 6])], [out, "a2"], inits)  # the dw's act read
+    fast = _both(m, [{"x": _r(n, 8, 7, 6)} for n in (1, 2)])
+    assert "FusedInvertedResidual" not in _ops(fast)
+
+
+def test_inverted_residual_block_avx2_in_a_fresh_process():
+    """NR = 16, MR = 6 and 8-lane depthwise kernels (what an AVX2-only CPU runs)."""
+    from tests.helpers import run_fresh
+
+    if G.isa() is None:
+        pytest.skip("no AVX2 here")
+    code = (
+        "from ember.kernels.cpu import gemm\n"
+        "from tests.onnx import test_optimize as t\n"
+        "assert gemm.isa() == 'avx2'\n"
+        "for case in t.IR_BLOCKS:\n"
+        "    t._check_ir_block(*case)\n"
+        "print('ok')\n"
+    )
+    assert run_fresh(code, {"EMBER_SGEMM_ISA": "avx2"})[-1] == "ok"
+
+
 # ---- products ----------------------------------------------------------------------------
 
 

@@ -400,9 +400,13 @@ def _fuse_transpose(rw: Rewriter, i: int) -> None:
 
 
 def fuse(rw: Rewriter) -> None:
-    """Make every suitable Conv (and the chain it heads) one fused node."""
+    """Make every suitable Conv (and the chain it heads) one fused node, then each
+    [1x1 ->] depthwise -> 1x1 chain of them one block (``_fuse_block``)."""
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Conv":
             _fuse_one(rw, i)
         elif nd is not None and nd.op == "ConvTranspose":
             _fuse_transpose(rw, i)
+    from ember.onnx import _fuse_block
+
+    _fuse_block.fuse(rw)  # then MobileNetV2's inverted-residual blocks: one node each

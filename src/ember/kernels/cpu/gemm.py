@@ -502,6 +502,10 @@ def block_kernel():
 # products of fewer multiply-adds than this run on the calling thread, as one task: a parallel
 # region's wake-up (the workers sleep between regions) costs more than the second thread saves
 SERIAL_BELOW = 1 << 21
+# ... unless the weight is this big: a short product over a large weight (a classifier's 1000 x
+# 1280 at batch 1, 5 MB) streams it from L3 or memory, and two threads read it faster than one
+# (MobileNetV2's classifier in the network: 160 -> 100 us, 2 threads)
+SERIAL_MAX_WEIGHT_BYTES = 2 << 20
 USE_POOL = True  # False: numba's prange driver, one task per thread (before the pool; to compare)
 CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays in L1/L2)
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
@@ -552,7 +556,8 @@ def gemm(
     if m == 0:
         return out
     panels, mr = packed.shape[0], st["mr"]
-    if threads == 1 or m * o * packed.shape[1] < SERIAL_BELOW:  # waking the workers costs more
+    small = m * o * packed.shape[1] < SERIAL_BELOW and packed.nbytes < SERIAL_MAX_WEIGHT_BYTES
+    if threads == 1 or small:  # waking the workers costs more
         st["serial"](
             a, rowoff, tapoff, kc, packed, bias, out if res is None else res, int(res is not None),
             act, out, mr, 1, 1, CHUNK_PIXELS, k_block(panels, packed.shape[1]),
