@@ -8,6 +8,7 @@ import pytest
 from ember.errors import ShapeError
 from ember.kernels import registry
 from ember.kernels.cpu import conv as K
+from ember.kernels.cpu import gemm as G
 from ember.kernels.cpu.gemm import PackedWeight
 from ember.ops.conv import Geom
 from tests.helpers import check_kernel
@@ -52,10 +53,18 @@ def test_nhwc_primitives_match_references(n, h, w, c, k, s, pt, pl):
             K.DEPTHWISE_SERIAL_BELOW = old
         K.depthwise_nhwc_reference(x, wt, bias, o2, s, s, pt, pl, act)
         np.testing.assert_allclose(o1, o2, atol=1e-5)
-    m1, m2 = np.empty((n, oh, ow, c), np.float32), np.empty((n, oh, ow, c), np.float32)
-    K.maxpool_nhwc(x, m1, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
+    x[0, 0, 0, 0], x[-1, -1, -1, -1] = np.nan, np.inf  # NaN wins its windows, as in torch
+    m2 = np.empty((n, oh, ow, c), np.float32)
     K.maxpool_nhwc_reference(x, m2, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
-    np.testing.assert_array_equal(m1, m2)
+    old = K.MAXPOOL_SERIAL_BELOW, G.USE_POOL
+    for serial_below, use_pool in ((old[0], True), (0, True), (0, False)):  # serial, pool, prange
+        m1 = np.full((n, oh, ow, c), 7.0, np.float32)
+        K.MAXPOOL_SERIAL_BELOW, G.USE_POOL = serial_below, use_pool
+        try:
+            K.maxpool_nhwc(x, m1, k, k, s, s, min(pt, k // 2), min(pl, k // 2))
+        finally:
+            K.MAXPOOL_SERIAL_BELOW, G.USE_POOL = old
+        np.testing.assert_array_equal(m1, m2)
     st = x.strides  # overlapping windows into a strided destination
     src = np.lib.stride_tricks.as_strided(x, (n, h, w - k + 1, k * c), (*st[:2], st[2], st[3]))
     dst = np.zeros((n, h + 1, w - k + 3, k * c), np.float32)
@@ -174,7 +183,7 @@ CONV1D_CASES = [  # n, cin, cout, k, stride, pad, length
     (1, 64, 16, 1, 1, 0, 9),  # 1 tap, no padding
     (3, 13, 33, 5, 3, 2, 11),  # odd sizes, partial last window
     (0, 64, 8, 3, 1, 1, 6),  # empty batch
-    (1, 1, 258, 256, 128, 0, 576),  # one channel (Silero VAD's STFT conv): window rows of 1 channel
+    (1, 1, 258, 256, 128, 0, 576),  # one channel (Silero VAD's STFT conv): one 256-deep tap
     (2, 1, 8, 64, 1, 3, 100),  # one channel, padded
 ]
 

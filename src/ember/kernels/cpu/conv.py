@@ -171,7 +171,42 @@ def _post_rows_py(y, act, scale, shift, r0, r1):  # pragma: no cover - compiled
                 row[t] = row[t] * scale + shift
 
 
-_dw_rows = _post_rows = None  # compiled by _build_nhwc
+def _maxpool_rows_py(x, out, kh, kw, sh, sw, pt, pl, r0, r1):  # pragma: no cover - compiled
+    """Output rows r0..r1-1 (of N * OH) of NHWC max pooling (-inf padding, NaN wins).
+
+    Each window row's taps are folded into the output row in place, channels innermost with a
+    branch-free select (LLVM vectorises it; the old per-pixel loop with ``or`` did not, and ran
+    0.11 ms alone / 0.31 in ResNet-50 for the 112x112x64 stem pool).
+    """
+    n, h, w, c = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    ninf = np.float32(-np.inf)
+    for r in range(r0, r1):
+        b = r // oh
+        y = r - b * oh
+        orow = out[b, y]
+        for xo in range(ow):
+            for t in range(c):
+                orow[xo, t] = ninf
+        for i in range(kh):
+            ih = y * sh - pt + i
+            if ih < 0 or ih >= h:
+                continue
+            src = x[b, ih]
+            for xo in range(ow):
+                acc = orow[xo]
+                for j in range(kw):
+                    iw = xo * sw - pl + j
+                    if iw < 0 or iw >= w:
+                        continue
+                    s = src[iw]
+                    for t in range(c):
+                        v = s[t]
+                        a = acc[t]
+                        acc[t] = v if (v > a) | (v != v) else a  # NaN wins, as in torch
+
+
+_dw_rows = _post_rows = _maxpool_rows = None  # compiled by _build_nhwc
 
 
 def _build_nhwc(nb):
@@ -212,6 +247,7 @@ def _build_nhwc(nb):
     g = globals()
     g["_dw_rows"] = nb.njit(**opts)(_dw_rows_py)
     g["_post_rows"] = nb.njit(**opts)(_post_rows_py)
+    g["_maxpool_rows"] = nb.njit(**opts)(_maxpool_rows_py)
 
     @nb.njit(parallel=True, **opts)
     def depthwise(x, w, bias, out, sh, sw, pt, pl, act):  # pragma: no cover - compiled
@@ -227,28 +263,14 @@ def _build_nhwc(nb):
 
     @nb.njit(parallel=True, **opts)
     def maxpool(x, out, kh, kw, sh, sw, pt, pl):  # pragma: no cover - compiled
-        n, h, w, c = x.shape
-        oh, ow = out.shape[1], out.shape[2]
-        for r in nb.prange(n * oh):
-            b = r // oh
-            y = r - b * oh
-            for xo in range(ow):
-                acc = out[b, y, xo]
-                for t in range(c):
-                    acc[t] = -np.inf
-                for i in range(kh):
-                    ih = y * sh - pt + i
-                    if ih < 0 or ih >= h:
-                        continue
-                    for j in range(kw):
-                        iw = xo * sw - pl + j
-                        if iw < 0 or iw >= w:
-                            continue
-                        src = x[b, ih, iw]
-                        for t in range(c):
-                            v = src[t]
-                            if v > acc[t] or v != v:  # NaN wins, as in torch
-                                acc[t] = v
+        rows = out.shape[0] * out.shape[1]
+        for r in nb.prange(rows):
+            _maxpool_rows(x, out, kh, kw, sh, sw, pt, pl, r, r + 1)
+        return out
+
+    @nb.njit(**opts)
+    def maxpool_serial(x, out, kh, kw, sh, sw, pt, pl):  # pragma: no cover - compiled
+        _maxpool_rows(x, out, kh, kw, sh, sw, pt, pl, 0, out.shape[0] * out.shape[1])
         return out
 
     @nb.njit(**opts)
@@ -285,6 +307,7 @@ def _build_nhwc(nb):
 
     return {
         "im2col": im2col, "depthwise": depthwise, "maxpool": maxpool,
+        "maxpool_serial": maxpool_serial,
         "copy4d": copy4d, "depthwise_serial": depthwise_serial, "post": post,
         "post_serial": post_serial,
         "nchw_to_nhwc": nchw_to_nhwc,
@@ -359,12 +382,22 @@ def post(y: np.ndarray, act: int, scale: float = 1.0, shift: float = 0.0) -> np.
     return k["post_serial" if small else "post"](y, act, np.float32(scale), np.float32(shift))
 
 
+# max pools of fewer window taps (output elements x kernel area) run on the calling thread
+MAXPOOL_SERIAL_BELOW = 1 << 18
+
+
 def maxpool_nhwc(x, out, kh, kw, sh, sw, pt, pl) -> np.ndarray:
-    """Max pooling over NHWC (padding is -inf)."""
+    """Max pooling over NHWC (padding is -inf); output rows as tasks on ember's pool."""
     k = _kernels()
     if k is None:
         return maxpool_nhwc_reference(x, out, kh, kw, sh, sw, pt, pl)
-    return k["maxpool"](x, out, kh, kw, sh, sw, pt, pl)
+    small = out.size * kh * kw < MAXPOOL_SERIAL_BELOW
+    if not small and _on_pool(x, out):
+        from ember.kernels.cpu import pool_tasks
+
+        pool_tasks.maxpool(x, out, kh, kw, sh, sw, pt, pl, get_num_threads())
+        return out
+    return k["maxpool_serial" if small else "maxpool"](x, out, kh, kw, sh, sw, pt, pl)
 
 
 def conv_transpose_reference(x, wt, bias, out, act: int) -> np.ndarray:

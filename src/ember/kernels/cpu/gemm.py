@@ -95,6 +95,38 @@ def _isa(features: dict) -> str | None:
     return best
 
 
+UNROLL = 4  # k steps per trip of the microkernel's inner loop (then single steps)
+PF_EVERY = 2  # one prefetch of the next block per this many k steps
+
+
+def _step_ir(p, kk, u, g, bt, src, dst, rows, vecs, w, nr, prefetch) -> list[str]:
+    """One k step (index kk + u) of the microkernel: dst accumulators = src + a_r * b."""
+    vt = f"<{w} x float>"
+    s = [f"  %{p}k = add i64 {kk}, {u}", f"  %{p}bo = mul i64 %{p}k, {nr}"]
+    s += [f"  %{p}b = getelementptr float, ptr {bt}, i64 %{p}bo"]
+    if prefetch:  # a line of the next block of B into L2: pf + 64 * min(g, npf - 1)
+        s += [f"  %{p}gq = add i64 {g}, {u // PF_EVERY}"]
+        s += [f"  %{p}gi = call i64 @llvm.umin.i64(i64 %{p}gq, i64 %pfl)"]
+        s += [f"  %{p}go = shl i64 %{p}gi, 6", f"  %{p}gp = getelementptr i8, ptr %pf0, i64 %{p}go"]
+        s += [f"  call void @llvm.prefetch.p0(ptr %{p}gp, i32 0, i32 2, i32 1)"]
+    for v in vecs:
+        s += [f"  %{p}bp{v} = getelementptr float, ptr %{p}b, i64 {v * w}"]
+        s += [f"  %{p}bv{v} = load {vt}, ptr %{p}bp{v}, align 4"]
+    for r in rows:
+        s += [f"  %{p}aq{r} = getelementptr float, ptr %ap{r}, i64 %{p}k"]
+        s += [f"  %{p}as{r} = load float, ptr %{p}aq{r}, align 4"]
+        s += [f"  %{p}ai{r} = insertelement {vt} poison, float %{p}as{r}, i32 0"]
+        s += [
+            f"  %{p}av{r} = shufflevector {vt} %{p}ai{r}, {vt} poison, <{w} x i32> zeroinitializer"
+        ]
+        for v in vecs:
+            x = (r, v)
+            s += [
+                f"  {dst[x]} = call {vt} @llvm.fma.v{w}f32({vt} %{p}av{r}, {vt} %{p}bv{v}, {vt} {src[x]})"
+            ]
+    return s
+
+
 def _kernel_ir(mr: int, nv: int, w: int) -> str:
     """C[mr x nv*w] = sum_t sum_k A[row_r + tapoff[t] + k] * B[t*kc + k, :] (masked store)."""
     nr, vt = nv * w, f"<{w} x float>"
@@ -123,41 +155,42 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     s += [
         "  %t = phi i64 [0, %start], [%t1, %tapend]",
         "  %bt = phi ptr [%b, %start], [%bn, %tapend]",
-        "  %gt = phi i64 [0, %start], [%g1, %tapend]",
+        "  %gt = phi i64 [0, %start], [%ge, %tapend]",
     ]
-    s += [f"  %T{r}_{v} = phi {vt} [zeroinitializer, %start], [%N{r}_{v}, %tapend]" for r, v in acc]
+    s += [f"  %T{r}_{v} = phi {vt} [zeroinitializer, %start], [%E{r}_{v}, %tapend]" for r, v in acc]
     s += ["  %tp = getelementptr i64, ptr %to, i64 %t", "  %toff = load i64, ptr %tp"]
     for r in rows:
         s += [
             f"  %o{r} = add i64 %ro{r}, %toff",
             f"  %ap{r} = getelementptr float, ptr %a, i64 %o{r}",
         ]
-    s += ["  br label %k", "k:"]  # loop over the kc channels of one tap
-    s += ["  %kk = phi i64 [0, %tap], [%kk1, %k]", "  %bk = phi ptr [%bt, %tap], [%bn, %k]"]
-    s += ["  %g = phi i64 [%gt, %tap], [%g1, %k]"]
-    s += [f"  %aq{r} = phi ptr [%ap{r}, %tap], [%aqn{r}, %k]" for r in rows]
-    s += [f"  %K{r}_{v} = phi {vt} [%T{r}_{v}, %tap], [%N{r}_{v}, %k]" for r, v in acc]
-    # one cache line of the next block of B into L2 per step (pf + 64 * min(step, npf - 1)):
-    # the weight streams in while the tiles compute instead of stalling the next block's first
-    s += ["  %gi = call i64 @llvm.umin.i64(i64 %g, i64 %pfl)"]
-    s += ["  %go = shl i64 %gi, 6", "  %gp = getelementptr i8, ptr %pf0, i64 %go"]
-    s += ["  call void @llvm.prefetch.p0(ptr %gp, i32 0, i32 2, i32 1)", "  %g1 = add i64 %g, 1"]
-    for v in vecs:
-        s += [f"  %bp{v} = getelementptr float, ptr %bk, i64 {v * w}"]
-        s += [f"  %bv{v} = load {vt}, ptr %bp{v}, align 4"]
-    for r in rows:
-        s += [f"  %as{r} = load float, ptr %aq{r}, align 4"]
-        s += [f"  %aqn{r} = getelementptr float, ptr %aq{r}, i64 1"]
-        s += [f"  %ai{r} = insertelement {vt} poison, float %as{r}, i32 0"]
-        s += [f"  %av{r} = shufflevector {vt} %ai{r}, {vt} poison, <{w} x i32> zeroinitializer"]
-        for v in vecs:
-            s += [
-                f"  %N{r}_{v} = call {vt} @llvm.fma.v{w}f32({vt} %av{r}, {vt} %bv{v},"
-                f" {vt} %K{r}_{v})"
-            ]
-    s += [f"  %bn = getelementptr float, ptr %bk, i64 {nr}"]
-    s += ["  %kk1 = add i64 %kk, 1", "  %kc1 = icmp ult i64 %kk1, %kc"]
+    # the kc channels of one tap: UNROLL steps per trip while they last, then single steps;
+    # addresses are row base + index (the unrolled steps are displacements off one index)
+    s += [f"  %kcu = and i64 %kc, {-UNROLL}", "  %hasu = icmp ne i64 %kcu, 0"]
+    s += ["  br i1 %hasu, label %ku, label %kmid", "ku:"]
+    s += ["  %uk = phi i64 [0, %tap], [%uk1, %ku]", "  %ug = phi i64 [%gt, %tap], [%ug1, %ku]"]
+    s += [
+        f"  %U{r}_{v} = phi {vt} [%T{r}_{v}, %tap], [%V{UNROLL - 1}_{r}_{v}, %ku]" for r, v in acc
+    ]
+    for u in range(UNROLL):
+        src = {x: f"%U{x[0]}_{x[1]}" if u == 0 else f"%V{u - 1}_{x[0]}_{x[1]}" for x in acc}
+        s += _step_ir(f"u{u}_", "%uk", u, "%ug", "%bt", src, {x: f"%V{u}_{x[0]}_{x[1]}" for x in acc},
+                      rows, vecs, w, nr, u % PF_EVERY == 0)  # fmt: skip
+    s += [f"  %uk1 = add i64 %uk, {UNROLL}", f"  %ug1 = add i64 %ug, {UNROLL // PF_EVERY}"]
+    s += ["  %uc = icmp ult i64 %uk1, %kcu", "  br i1 %uc, label %ku, label %kmid", "kmid:"]
+    s += ["  %mk = phi i64 [0, %tap], [%uk1, %ku]", "  %mg = phi i64 [%gt, %tap], [%ug1, %ku]"]
+    last = f"%V{UNROLL - 1}"
+    s += [f"  %M{r}_{v} = phi {vt} [%T{r}_{v}, %tap], [{last}_{r}_{v}, %ku]" for r, v in acc]
+    s += ["  %rem = icmp ult i64 %mk, %kc", "  br i1 %rem, label %k, label %tapend", "k:"]
+    s += ["  %kk = phi i64 [%mk, %kmid], [%kk1, %k]", "  %g = phi i64 [%mg, %kmid], [%g1, %k]"]
+    s += [f"  %K{r}_{v} = phi {vt} [%M{r}_{v}, %kmid], [%N{r}_{v}, %k]" for r, v in acc]
+    s += _step_ir("s_", "%kk", 0, "%g", "%bt", {x: f"%K{x[0]}_{x[1]}" for x in acc},
+                  {x: f"%N{x[0]}_{x[1]}" for x in acc}, rows, vecs, w, nr, True)  # fmt: skip
+    s += ["  %g1 = add i64 %g, 1", "  %kk1 = add i64 %kk, 1", "  %kc1 = icmp ult i64 %kk1, %kc"]
     s += ["  br i1 %kc1, label %k, label %tapend", "tapend:"]
+    s += [f"  %E{r}_{v} = phi {vt} [%M{r}_{v}, %kmid], [%N{r}_{v}, %k]" for r, v in acc]
+    s += ["  %ge = phi i64 [%mg, %kmid], [%g1, %k]"]
+    s += [f"  %kcn = mul i64 %kc, {nr}", "  %bn = getelementptr float, ptr %bt, i64 %kcn"]
     s += ["  %t1 = add i64 %t, 1", "  %tc = icmp ult i64 %t1, %ntaps"]
     s += ["  br i1 %tc, label %tap, label %store", "store:"]
     # store: + C (flags & 1: accumulate onto an earlier block of K), + bias (flags & 2), +
@@ -201,7 +234,7 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
             s += [f"  %cp{x} = getelementptr float, ptr %cr{r}, i64 {v * w}"]
             s += [f"  %c{x} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %cp{x}, i32 4,"]
             s[-1] += f" <{w} x i1> %fa{v}, {vt} zeroinitializer)"
-            s += [f"  %x{x} = fadd {vt} %N{x}, %c{x}", f"  %y{x} = fadd {vt} %x{x}, %bs{v}"]
+            s += [f"  %x{x} = fadd {vt} %E{x}, %c{x}", f"  %y{x} = fadd {vt} %x{x}, %bs{v}"]
             s += [f"  %z{x} = fadd {vt} %y{x}, %e{x}"]
             s += [f"  %ql{x} = fcmp olt {vt} %z{x}, %lov"]
             s += [f"  %u{x} = select <{w} x i1> %ql{x}, {vt} %lov, {vt} %z{x}"]

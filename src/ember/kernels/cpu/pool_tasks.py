@@ -35,7 +35,7 @@ TASK_MACS = 1 << 23  # (depthwise tasks: 1/32 of it, ~8 x slower per multiply-ad
 
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _run = _acquire = _dw_rows = _post_rows = None  # bound by _build
+_ld = _vptr = _block = _run = _acquire = _dw_rows = _post_rows = _maxpool_rows = None
 _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 
@@ -88,6 +88,15 @@ def _dw_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no 
     b = carray(_vptr(_ld(p, 2)), (c,), np.float32)
     out = carray(_vptr(_ld(p, 3)), (n, oh, ow, c), np.float32)
     _dw_rows(x, w, b, out, _ld(p, 12), _ld(p, 13), _ld(p, 14), _ld(p, 15), _ld(p, 16), r0, r1)
+
+
+def _maxpool_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    """Output rows r0..r1-1 of the NHWC max pool whose parameter block is at address p."""
+    n, h, wd, c, oh, ow = _ld(p, 2), _ld(p, 3), _ld(p, 4), _ld(p, 5), _ld(p, 6), _ld(p, 7)
+    x = carray(_vptr(_ld(p, 0)), (n, h, wd, c), np.float32)
+    out = carray(_vptr(_ld(p, 1)), (n, oh, ow, c), np.float32)
+    _maxpool_rows(x, out, _ld(p, 8), _ld(p, 9), _ld(p, 10), _ld(p, 11), _ld(p, 12), _ld(p, 13),
+                  r0, r1)  # fmt: skip
 
 
 def _post_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -146,10 +155,12 @@ def _build(nb) -> dict:
 
     # the depthwise rows on dwconv's vector kernels (they build wherever the GEMM's do)
     g.update(_dw_rows=dwconv.state()["rows"], _post_rows=conv._post_rows)
+    g.update(_maxpool_rows=conv._maxpool_rows)
     pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
     sig = types.void(*([i64] * 12))
     tasks = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
-             (("gemm", _gemm_task_py), ("dw", _dw_task_py), ("post", _post_task_py))}  # fmt: skip
+             (("gemm", _gemm_task_py), ("dw", _dw_task_py), ("post", _post_task_py),
+              ("maxpool", _maxpool_task_py))}  # fmt: skip
     run = nb.njit(nogil=True, cache=True)(_run_py)
     return {"ok": True, "tasks": tasks, "fn": {k: t.address for k, t in tasks.items()}, "run": run}
 
@@ -233,3 +244,12 @@ def post(y, act: int, scale: float, shift: float, threads: int) -> None:
     st = np.array([scale, shift], np.float32)
     params = np.array([y.ctypes.data, m, c, act, st.ctypes.data], np.int64)
     _go("post", params, m, _chunk(m, threads, c, TASK_MACS >> 7))
+
+
+def maxpool(x, out, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, threads: int) -> None:
+    """conv.maxpool_nhwc on the pool (contiguous float32 operands, checked by the caller)."""
+    n, h, wd, c = x.shape
+    oh, ow = out.shape[1:3]
+    params = np.array([x.ctypes.data, out.ctypes.data, n, h, wd, c, oh, ow, kh, kw, sh, sw, pt,
+                       pl], np.int64)  # fmt: skip
+    _go("maxpool", params, n * oh, _chunk(n * oh, threads, ow * c * kh * kw, TASK_MACS >> 5))
