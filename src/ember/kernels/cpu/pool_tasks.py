@@ -185,6 +185,15 @@ def _go(kind: str, params: np.ndarray, rows: int, chunk: int) -> None:
     st["run"](pool.ctrl(), own, params, st["fn"][kind], rows, max(1, chunk))
 
 
+def run_task(fn: int, params: np.ndarray, rows: int, chunk: int) -> None:
+    """Rows [0, rows) in chunks of ``chunk`` on the pool, by a task function of another module
+    (a cfunc with the chunk-function signature, its address ``fn``; params: its int64 block)."""
+    from ember.kernels.cpu import pool
+
+    own = np.zeros(pool.CTRL_WORDS, np.int64)
+    _STATE["run"](pool.ctrl(), own, params, fn, rows, max(1, chunk))
+
+
 def _chunk(rows: int, threads: int, per_row: int, most: int) -> int:
     """Rows per task: at least TASKS_PER_THREAD tasks per thread, at most `most` work each."""
     return max(1, min(-(-rows // (TASKS_PER_THREAD * threads)), most // max(per_row, 1)))

@@ -1,0 +1,339 @@
+"""Winograd F(m x m, 3 x 3) for stride-1 3x3 convolutions over NHWC, on the packed GEMM's
+microkernel.
+
+An output tile of m x m pixels is A^T [ (G g G^T) * (B^T d B) ] A, with d the (m+2) x (m+2)
+input patch and g the 3 x 3 filter: per tile and channel pair, (m+2)^2 products instead of 9 m^2
+(F(4x4): 36 against 144). Over channels the elementwise product is, for each of the (m+2)^2
+positions xi, a GEMM (tiles x C) @ (C x O) on the transformed weight U[xi] = G g G^T, packed
+once into the GEMM's NR-wide panels (``pack``).
+
+One task (a block of tiles x a group of panels) does all three steps while its data is in
+cache: the input transform of its tiles into V (xi, tiles, C), the (m+2)^2 products on the
+microkernel into M (xi, tiles, panels' columns), and the output transform with bias, residual
+and ReLU/ReLU6 into the NHWC output. So nothing but the input, the weight and the output goes
+through memory (a three-pass version wrote V and M, 2.25x the input and output, and gained
+nothing at 56x56x64).
+
+Accuracy: the transforms are exact in float64 and rounded once to float32 (U); the interpolation
+points 0, +-1, +-2, +-1/2 of F(4x4) keep the result within a few float32 ulps of the direct sum
+of the same terms (tests/kernels/test_winograd.py checks real-size layers against float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.kernels.cpu import FASTMATH, numba_or_none
+from ember.kernels.cpu import gemm as G
+
+_STATE: dict = {}
+_micro = _task = (
+    None  # gemm's microkernel dispatcher, bound before compiling (numba caches on globals)
+)
+TILE_BLOCK = 24  # tiles per task: V and M of a block stay in L2 (C = 128: 36*24*128*4 = 442 KB)
+
+
+def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T (a x a), G (a x 3), A^T (m x a)) of F(m, 3), a = m + 2, in float64 (Toom-Cook on
+    the points 0, 1, -1, 2, -2, 1/2, ... and infinity)."""
+    a = m + 2
+    pts = [0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0][: a - 1]
+    p = np.array(pts)
+    # A^T: evaluate the m output polynomials at the points (columns), infinity last
+    at = np.zeros((m, a))
+    for i in range(m):
+        at[i, : a - 1] = p**i
+    at[m - 1, a - 1] = 1.0
+    # G: the filter's value at each point, scaled by 1 / prod(p_k - p_j); infinity: g[2]
+    g = np.zeros((a, 3))
+    for k in range(a - 1):
+        den = np.prod([p[k] - p[j] for j in range(a - 1) if j != k])
+        g[k] = p[k] ** np.arange(3) / den
+    g[a - 1, 2] = 1.0
+    # B^T: the Lagrange basis (times the same denominators) as polynomial coefficients
+    bt = np.zeros((a, a))
+    for k in range(a - 1):
+        coef = np.array([1.0])
+        for j in range(a - 1):
+            if j != k:
+                coef = np.convolve(coef, [-p[j], 1.0])  # increasing powers
+        bt[k, : a - 1] = coef
+    full = np.array([1.0])
+    for j in range(a - 1):
+        full = np.convolve(full, [-p[j], 1.0])
+    bt[a - 1, :] = full  # the point at infinity: the node polynomial, degree a - 1
+    return bt, g, at
+
+
+def reference(x, w, bias, res, act: int, m: int) -> np.ndarray:
+    """The Winograd conv in float64 numpy: x (N, H, W, C), w (O, C, 3, 3), pad 1 -> (N, H, W, O)."""
+    bt, g, at = matrices(m)
+    a = m + 2
+    n, h, wd, c = x.shape
+    th, tw = -(-h // m), -(-wd // m)
+    xp = np.zeros((n, th * m + 2, tw * m + 2, c))
+    xp[:, 1 : h + 1, 1 : wd + 1] = x
+    u = np.einsum("ik,ockl,jl->ijco", g, w.astype(np.float64), g)  # (a, a, C, O)
+    out = np.zeros((n, th * m, tw * m, w.shape[0]))
+    for ty in range(th):
+        for tx in range(tw):
+            d = xp[:, ty * m : ty * m + a, tx * m : tx * m + a]  # (n, a, a, c)
+            v = np.einsum("ik,nklc,jl->nijc", bt, d, bt)
+            mm = np.einsum("nijc,ijco->nijo", v, u)
+            out[:, ty * m : ty * m + m, tx * m : tx * m + m] = np.einsum(
+                "ik,nklo,jl->nijo", at, mm, at
+            )
+    y = out[:, :h, :wd] + bias
+    if res is not None:
+        y = y + res
+    if act == 1:
+        y = np.maximum(y, 0)
+    elif act == 2:
+        y = np.clip(y, 0, 6)
+    return y.astype(np.float32)
+
+
+def pack(w: np.ndarray, m: int, nr: int) -> np.ndarray:
+    """(O, C, 3, 3) -> U packed: (a*a, panels, C, nr), U[xi] = (G g G^T)[xi] as (C, O) panels."""
+    _, g, _ = matrices(m)
+    a = m + 2
+    o, c = w.shape[:2]
+    u = np.einsum("ik,ockl,jl->ijco", g, w.astype(np.float64), g).reshape(a * a, c, o)
+    return np.stack([G.pack_weight(u[i].astype(np.float32), nr) for i in range(a * a)])
+
+
+def _task_py(
+    xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, task
+):  # pragma: no cover - compiled
+    """One task: a block of tb tiles by one group of panels (input transform, products, output
+    transform; see the module doc). xf: the padded NHWC input (N, hp, wp, C), rf/of: the
+    residual and the output (N, oh, ow, O), all flat; u: the packed weight (36, panels, C, NR)."""
+    nxi, panels, _, nr = u.shape
+    th, tw = (oh + 3) // 4, (ow + 3) // 4
+    ntiles = n * th * tw
+    lo = np.float32(-np.inf if act == 0 else 0.0)
+    hi = np.float32(6.0 if act == 2 else np.inf)
+    ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
+    blk, grp = task // groups, task % groups
+    t0 = blk * tb
+    t1 = min(ntiles, t0 + tb)
+    nt = t1 - t0
+    j0, j1 = panels * grp // groups, panels * (grp + 1) // groups
+    oc0, oc1 = j0 * nr, min(o, j1 * nr)
+    ldm = (j1 - j0) * nr
+    v = np.empty(nxi * tb * c, np.float32)
+    tmp = np.empty(36 * c, np.float32)
+    mm = np.empty(nxi * tb * ldm, np.float32)
+    acc = np.empty(24 * ldm, np.float32)
+    yrow = np.empty(4 * ldm, np.float32)
+    rowoff = np.arange(tb) * c
+    tap0 = np.zeros(1, np.int64)
+    u64 = np.uint64  # unsigned indices: no wraparound checks, the channel loops vectorise
+    # input transform V = BT d BT^T, F(4x4, 3x3)'s BT written out: each pass reads 6 vectors
+    # of channels and writes 6 (a loop over general coefficients kept its sums in memory)
+    for t in range(t0, t1):
+        b = t // (th * tw)
+        r = t - b * th * tw
+        y0 = (r // tw) * 4
+        x0 = (r % tw) * 4
+        for l in range(6):  # columns: tmp[i, l] = sum_k BT[i, k] d[k, l]
+            s0 = ((b * hp + y0) * wp + x0 + l) * c
+            rs = wp * c
+            d0 = l * c
+            for q in range(c):
+                e0 = xf[u64(s0 + q)]
+                e1 = xf[u64(s0 + rs + q)]
+                e2 = xf[u64(s0 + 2 * rs + q)]
+                e3 = xf[u64(s0 + 3 * rs + q)]
+                e4 = xf[u64(s0 + 4 * rs + q)]
+                e5 = xf[u64(s0 + 5 * rs + q)]
+                tmp[u64(d0 + q)] = 4.0 * e0 - 5.0 * e2 + e4
+                tmp[u64(d0 + 6 * c + q)] = -4.0 * (e1 + e2) + e3 + e4
+                tmp[u64(d0 + 12 * c + q)] = 4.0 * (e1 - e2) - e3 + e4
+                tmp[u64(d0 + 18 * c + q)] = 2.0 * (e3 - e1) - e2 + e4
+                tmp[u64(d0 + 24 * c + q)] = 2.0 * (e1 - e3) - e2 + e4
+                tmp[u64(d0 + 30 * c + q)] = 4.0 * e1 - 5.0 * e3 + e5
+        for i in range(6):  # rows: V[i*6 + j] = sum_l tmp[i, l] BT[j, l]
+            s0 = i * 6 * c
+            vs = tb * c
+            d0 = ((i * 6) * tb + t - t0) * c
+            for q in range(c):
+                e0 = tmp[u64(s0 + q)]
+                e1 = tmp[u64(s0 + c + q)]
+                e2 = tmp[u64(s0 + 2 * c + q)]
+                e3 = tmp[u64(s0 + 3 * c + q)]
+                e4 = tmp[u64(s0 + 4 * c + q)]
+                e5 = tmp[u64(s0 + 5 * c + q)]
+                v[u64(d0 + q)] = 4.0 * e0 - 5.0 * e2 + e4
+                v[u64(d0 + vs + q)] = -4.0 * (e1 + e2) + e3 + e4
+                v[u64(d0 + 2 * vs + q)] = 4.0 * (e1 - e2) - e3 + e4
+                v[u64(d0 + 3 * vs + q)] = 2.0 * (e3 - e1) - e2 + e4
+                v[u64(d0 + 4 * vs + q)] = 2.0 * (e1 - e3) - e2 + e4
+                v[u64(d0 + 5 * vs + q)] = 4.0 * e1 - 5.0 * e3 + e5
+    # the 36 products, tiles of MR rows on the microkernel
+    va, ma, ra, ta, ua = (
+        v.ctypes.data,
+        mm.ctypes.data,
+        rowoff.ctypes.data,
+        tap0.ctypes.data,
+        u.ctypes.data,
+    )
+    for xi in range(nxi):
+        for j in range(j0, j1):
+            bp = ua + ((xi * panels + j) * c * nr) * 4
+            nc = min(nr, o - j * nr)
+            for p in range(0, nt, mr):
+                cp = ma + ((xi * tb + p) * ldm + (j - j0) * nr) * 4
+                args = (va + (xi * tb * c) * 4, ra + p * 8, ta, 1, c, bp)
+                args2 = (cp, ldm, nc, bp, cp, 0, ninf, pinf, bp, 0)
+                _micro(min(mr, nt - p), args + args2)
+    # output transform Y = AT M AT^T (written out as above), + bias [+ res], clamp, stored
+    # where it lies inside the output
+    w_ = oc1 - oc0
+    for t in range(t0, t1):
+        b = t // (th * tw)
+        r = t - b * th * tw
+        y0 = (r // tw) * 4
+        x0 = (r % tw) * 4
+        ms = tb * ldm
+        for l in range(6):  # columns: acc[i, l] = sum_k AT[i, k] M[k*6 + l]
+            s0 = (l * tb + t - t0) * ldm
+            d0 = l * ldm
+            for q in range(w_):
+                e0 = mm[u64(s0 + q)]
+                e1 = mm[u64(s0 + 6 * ms + q)]
+                e2 = mm[u64(s0 + 12 * ms + q)]
+                e3 = mm[u64(s0 + 18 * ms + q)]
+                e4 = mm[u64(s0 + 24 * ms + q)]
+                e5 = mm[u64(s0 + 30 * ms + q)]
+                p12, m12 = e1 + e2, e1 - e2
+                p34, m34 = e3 + e4, e3 - e4
+                acc[u64(d0 + q)] = e0 + p12 + p34
+                acc[u64(d0 + 6 * ldm + q)] = m12 + 2.0 * m34
+                acc[u64(d0 + 12 * ldm + q)] = p12 + 4.0 * p34
+                acc[u64(d0 + 18 * ldm + q)] = m12 + 8.0 * m34 + e5
+        for i in range(4):  # rows: Y[i, j] = sum_l acc[i, l] AT[j, l] + bias
+            if y0 + i >= oh:
+                break
+            s0 = i * 6 * ldm
+            for q in range(w_):
+                e0 = acc[u64(s0 + q)]
+                e1 = acc[u64(s0 + ldm + q)]
+                e2 = acc[u64(s0 + 2 * ldm + q)]
+                e3 = acc[u64(s0 + 3 * ldm + q)]
+                e4 = acc[u64(s0 + 4 * ldm + q)]
+                e5 = acc[u64(s0 + 5 * ldm + q)]
+                bq = bias[u64(oc0 + q)]
+                p12, m12 = e1 + e2, e1 - e2
+                p34, m34 = e3 + e4, e3 - e4
+                yrow[u64(q)] = e0 + p12 + p34 + bq
+                yrow[u64(ldm + q)] = m12 + 2.0 * m34 + bq
+                yrow[u64(2 * ldm + q)] = p12 + 4.0 * p34 + bq
+                yrow[u64(3 * ldm + q)] = m12 + 8.0 * m34 + e5 + bq
+            for j in range(min(4, ow - x0)):
+                o0 = ((b * oh + y0 + i) * ow + x0 + j) * o + oc0
+                y0q = j * ldm
+                if has_res:
+                    for q in range(w_):
+                        yrow[u64(y0q + q)] += rf[u64(o0 + q)]
+                for q in range(w_):
+                    of[u64(o0 + q)] = min(max(yrow[u64(y0q + q)], lo), hi)
+
+
+def _pool_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
+    """Tasks r0..r1-1 of the conv whose parameter block (``_PARAMS``) is at address p."""
+    n, oh, ow, o, c = _ld(p, 7), _ld(p, 8), _ld(p, 9), _ld(p, 10), _ld(p, 11)
+    hp, wp, panels, nr = _ld(p, 12), _ld(p, 13), _ld(p, 14), _ld(p, 15)
+    xf = carray(_vptr(_ld(p, 0)), (n * hp * wp * c,), np.float32)
+    u = carray(_vptr(_ld(p, 1)), (36, panels, c, nr), np.float32)
+    bias = carray(_vptr(_ld(p, 2)), (o,), np.float32)
+    rf = carray(_vptr(_ld(p, 3)), (n * oh * ow * o,), np.float32)
+    of = carray(_vptr(_ld(p, 4)), (n * oh * ow * o,), np.float32)
+    has_res, act, tb, groups, mr = _ld(p, 5) != 0, _ld(p, 6), _ld(p, 16), _ld(p, 17), _ld(p, 18)
+    for task in range(r0, r1):
+        _task(xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, task)
+
+
+def _serial_py(
+    xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, ntasks
+):  # pragma: no cover - compiled
+    """Every task on the calling thread."""
+    for task in range(ntasks):
+        _task(xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, task)
+
+
+_ld = _vptr = carray = None  # pool_tasks' intrinsics and numba.carray, bound by _build
+
+
+def _build(nb) -> dict:
+    from numba import types
+
+    from ember.kernels.cpu import pool_tasks
+
+    g = globals()
+    mk = G.microkernel()
+    if mk is None or pool_tasks.state() is None:
+        return {"ok": False}
+    g.update(_micro=mk[0], _ld=pool_tasks._ld, _vptr=pool_tasks._vptr, carray=nb.carray)
+    opts = dict(nogil=True, cache=True, fastmath=set(FASTMATH))
+    g["_task"] = nb.njit(**opts)(_task_py)
+    task = nb.cfunc(types.void(*([types.int64] * 12)), nopython=True, cache=True)(_pool_task_py)
+    return {
+        "ok": True,
+        "mr": mk[1],
+        "nr": mk[2],
+        "task": task,
+        "serial": nb.njit(**opts)(_serial_py),
+    }
+
+
+def state() -> dict | None:
+    """The compiled kernel once (None where numba or the microkernels are missing)."""
+    if "ok" not in _STATE:
+        nb = numba_or_none()
+        _STATE.update(_build(nb) if nb is not None else {"ok": False})
+    return _STATE if _STATE["ok"] else None
+
+
+def weights(w) -> np.ndarray:
+    """The transformed, packed weight of a ``gemm.PackedWeight`` conv weight (O, C, 3, 3), made
+    once and kept on it (remade if its panels were dropped or replaced: written in place)."""
+    cached = getattr(w, "_winograd", None)
+    if cached is not None and cached[0] is w.panels:
+        return cached[1]
+    u = pack(np.asarray(w, np.float32).view(np.ndarray), 4, state()["nr"])
+    w._winograd = (w.panels, u)
+    return u
+
+
+def conv(x, u, bias, res, act: int, out) -> np.ndarray:
+    """out (N, H, W, O) = act(conv3x3(x, pad 1) + bias [+ res]) by F(4x4, 3x3), tasks on
+    ember's pool. x: (N, H, W, C) float32; u from ``pack``; bias (O,), res None or like out,
+    out (N, H, W, O): contiguous float32."""
+    from ember.kernels.cpu import pool_tasks
+    from ember.kernels.cpu.conv import _padded
+    from ember.threads import get_num_threads
+
+    st = state()
+    n, h, wd, c = x.shape
+    o = out.shape[3]
+    th, tw = -(-h // 4), -(-wd // 4)
+    xp = _padded(x, 1, th * 4 + 1 - h, 1, tw * 4 + 1 - wd)
+    tb = TILE_BLOCK
+    nblocks = -(-(n * th * tw) // tb)
+    panels = u.shape[1]
+    threads = get_num_threads()
+    groups = min(panels, max(1, -(-4 * threads // nblocks)))
+    r = out if res is None else res
+    params = np.array(
+        [xp.ctypes.data, u.ctypes.data, bias.ctypes.data, r.ctypes.data, out.ctypes.data,
+         int(res is not None), act, n, h, wd, o, c, xp.shape[1], xp.shape[2], panels,
+         u.shape[3], tb, groups, st["mr"]], np.int64,
+    )  # fmt: skip
+    if threads == 1:
+        st["serial"](xp.reshape(-1), u, bias, r.reshape(-1), out.reshape(-1), res is not None,
+                     act, n, h, wd, o, c, xp.shape[1], xp.shape[2], tb, groups, st["mr"],
+                     nblocks * groups)  # fmt: skip
+    else:
+        pool_tasks.run_task(st["task"].address, params, nblocks * groups, 1)
+    return out
