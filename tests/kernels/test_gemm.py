@@ -282,3 +282,28 @@ def test_products_from_several_threads_at_once_on_the_pool():
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
     finally:
         G.SERIAL_BELOW = old
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "o,with_res,k", [(NR * 4, True, 24), (NR * 4 + NR // 2, False, 300), (NR + 3, True, 40)]
+)
+def test_streamed_output_matches_reference(o, with_res, k, threads, monkeypatch):
+    """Outputs of STREAM_BYTES or more, rows on cache lines: non-temporal stores for the full
+    panels (masked ones for a partial last panel), after K blocks too (k > K_BLOCK)."""
+    monkeypatch.setattr(G, "STREAM_BYTES", 1 << 16)
+    m = 1000
+    a = RNG.standard_normal(m * k).astype(np.float32)
+    rowoff = np.arange(m, dtype=np.int64) * k
+    tapoff = np.zeros(1, np.int64)
+    w2 = RNG.standard_normal((k, o)).astype(np.float32)
+    bias = RNG.standard_normal(o).astype(np.float32)
+    res = RNG.standard_normal((m, o)).astype(np.float32) if with_res else None
+    ref = G.gemm_reference(a, rowoff, tapoff, k, w2, bias, res, 1, np.empty((m, o), np.float32))
+    buf = np.full(m * o + 16, np.nan, np.float32)
+    off = (-buf.ctypes.data % 64) // 4
+    for start in (off, off + 1):  # on a cache line (streamed), and off one (stored as before)
+        out = buf[start : start + m * o].reshape(m, o)
+        G.gemm(a, rowoff, tapoff, k, G.pack_weight(w2, NR), bias, res, 1, out, threads=threads,
+               stream=True)  # fmt: skip
+        np.testing.assert_allclose(out, ref, atol=2e-6 * np.abs(ref).max() * np.sqrt(k), rtol=1e-5)

@@ -462,6 +462,14 @@ _OFFSETS: dict = {}
 FEW_CHANNELS = 16
 
 
+def _empty_aligned(shape: tuple) -> np.ndarray:
+    """An uninitialised float32 array whose data starts on a 64-byte cache line."""
+    size = int(np.prod(shape))
+    buf = np.empty(size + 16, _F32)
+    off = (-buf.ctypes.data % 64) // 4
+    return buf[off : off + size].reshape(shape)
+
+
 def nhwc(x: np.ndarray) -> np.ndarray:
     """The (N, H, W, C) contiguous float32 array behind an (N, C, H, W) one (a copy if needed)."""
     t = x.transpose(0, 2, 3, 1)
@@ -540,7 +548,8 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
     (kh, kw), (sh, sw), (pt, pb, pl, pr) = kernel, stride, pads
     oh, ow = _out_hw(h, w, kh, kw, stride, pads)
     m = n * oh * ow
-    out = np.empty((n, oh, ow, o), _F32)
+    stream = m * o * 4 >= G.STREAM_BYTES  # streamed out, its rows on cache lines
+    out = _empty_aligned((n, oh, ow, o)) if stream else np.empty((n, oh, ow, o), _F32)
     r = None if res is None else nhwc(res).reshape(m, o)
     pad = pt or pb or pl or pr
     # a padded NCHW float32 input is transposed straight into the padded buffer (one copy)
@@ -557,7 +566,9 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
         offs = _OFFSETS[key] = window_offsets(src.shape, *geom, oh, ow)
     rowoff, tapoff = offs
     kc = kh * kw * c // len(tapoff)
-    G.gemm(src.reshape(-1), rowoff, tapoff, kc, panels, bias, r, act, out.reshape(m, o))
+    G.gemm(
+        src.reshape(-1), rowoff, tapoff, kc, panels, bias, r, act, out.reshape(m, o), stream=stream
+    )
     return channels_last(out)
 
 

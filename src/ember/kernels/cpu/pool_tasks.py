@@ -69,7 +69,7 @@ def _gemm_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
     nkb = (nt + g - 1) // g if ncs == 1 else nt * ncs
     lo_act = np.float32(-np.inf if act == 0 else 0.0)
     hi_act = np.float32(6.0 if act == 2 else np.inf)
-    last_flags = 6 if has_res else 2
+    last_flags = (6 if has_res & 1 else 2) | (has_res & 8)  # 8: streaming stores
     for task in range(r0, r1):
         tm, tp = task // tasks_p, task % tasks_p
         q0 = tm * rows
@@ -200,11 +200,25 @@ def _chunk(rows: int, threads: int, per_row: int, most: int) -> int:
 
 
 def gemm(
-    a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int, rows: int | None = None
+    a,
+    rowoff,
+    tapoff,
+    kc,
+    packed,
+    bias,
+    res,
+    act,
+    out,
+    threads: int,
+    rows: int | None = None,
+    stream: bool = False,
 ) -> None:
     """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
-    rows of a task (default CHUNK_PIXELS, rounded down to whole tiles)."""
-    params, tasks = gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows)
+    rows of a task (default CHUNK_PIXELS, rounded down to whole tiles); stream: non-temporal
+    stores (gemm.STREAM_BYTES)."""
+    params, tasks = gemm_params(
+        a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows, stream
+    )
     _go("gemm", params, tasks, 1)
 
 
@@ -214,7 +228,18 @@ def run_gemm(params: np.ndarray, tasks: int) -> None:
 
 
 def gemm_params(
-    a, rowoff, tapoff, kc, packed, bias, res, act, out, threads: int, rows: int | None = None
+    a,
+    rowoff,
+    tapoff,
+    kc,
+    packed,
+    bias,
+    res,
+    act,
+    out,
+    threads: int,
+    rows: int | None = None,
+    stream: bool = False,
 ) -> tuple[np.ndarray, int]:
     """The parameter block and task count of gemm's product."""
     g = G._state()
@@ -230,8 +255,9 @@ def gemm_params(
     r = out if res is None else res
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
-         bias.ctypes.data, r.ctypes.data, int(res is not None), act, out.ctypes.data, mr, tasks_p,
-         rows, G.k_block(panels, kk), m, o, panels, kk, nr, len(tapoff)],
+         bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0), act,
+         out.ctypes.data, mr, tasks_p, rows, G.k_block(panels, kk), m, o, panels, kk, nr,
+         len(tapoff)],
         np.int64,
     )  # fmt: skip
     return params, tasks_m * tasks_p
