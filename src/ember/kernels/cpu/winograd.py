@@ -1,22 +1,25 @@
-"""Winograd F(m x m, 3 x 3) for stride-1 3x3 convolutions over NHWC, on the packed GEMM's
+"""Winograd F(4x4, 3x3) for stride-1 3x3 convolutions over NHWC, on the packed GEMM's
 microkernel.
 
 An output tile of m x m pixels is A^T [ (G g G^T) * (B^T d B) ] A, with d the (m+2) x (m+2)
 input patch and g the 3 x 3 filter: per tile and channel pair, (m+2)^2 products instead of 9 m^2
-(F(4x4): 36 against 144). Over channels the elementwise product is, for each of the (m+2)^2
-positions xi, a GEMM (tiles x C) @ (C x O) on the transformed weight U[xi] = G g G^T, packed
-once into the GEMM's NR-wide panels (``pack``).
+(m = 4: 36 against 144). Over channels the elementwise product is, for each of the 36 positions
+xi, a GEMM (tiles x C) @ (C x O) on the transformed weight U[xi] = G g G^T, packed once into the
+GEMM's NR-wide panels (``pack``; ``weights`` keeps it on the PackedWeight: 4x the weight).
 
-One task (a block of tiles x a group of panels) does all three steps while its data is in
-cache: the input transform of its tiles into V (xi, tiles, C), the (m+2)^2 products on the
-microkernel into M (xi, tiles, panels' columns), and the output transform with bias, residual
-and ReLU/ReLU6 into the NHWC output. So nothing but the input, the weight and the output goes
-through memory (a three-pass version wrote V and M, 2.25x the input and output, and gained
-nothing at 56x56x64).
+One task (a block of TILE_BLOCK tiles x a group of panels) does all three steps while its data
+is in cache: the input transform of its tiles into V (xi, tiles, C), the 36 products on the
+microkernel into M (xi, tiles, the group's columns), and the output transform with bias,
+residual and ReLU/ReLU6 into the NHWC output; only the input, U and the output go through
+memory. The transforms are F(4x4)'s B^T and A^T written out (each pass reads six vectors of
+channels and writes six); a loop over general coefficients kept its sums in memory and took
+longer than the products. Tasks run on ember's pool (``pool_tasks.run_task``).
 
-Accuracy: the transforms are exact in float64 and rounded once to float32 (U); the interpolation
-points 0, +-1, +-2, +-1/2 of F(4x4) keep the result within a few float32 ulps of the direct sum
-of the same terms (tests/kernels/test_winograd.py checks real-size layers against float64).
+``matrices`` builds F(m, 3) for any m (Toom-Cook on 0, +-1, +-2, +-1/2, ...; m = 4 gives Lavin
+and Gray's matrices, which the kernel writes out) and ``reference`` is the float64 algorithm.
+Accuracy: U is rounded to float32 once; measured against the float64 direct conv, ResNet-50's
+layers are off by 5e-6 to 1.2e-5 of their largest output (float32 direct GEMM: ~5e-7), and
+ResNet-50's logits by 1.4e-7 from onnxruntime's (bench/onnx_models.py's bound: 1e-4).
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ _STATE: dict = {}
 _micro = _task = (
     None  # gemm's microkernel dispatcher, bound before compiling (numba caches on globals)
 )
-TILE_BLOCK = 24  # tiles per task: V and M of a block stay in L2 (C = 128: 36*24*128*4 = 442 KB)
+# tiles per task: one microkernel tile of rows; 24 left more of the 14x14 layers' work on one
+# task at batch 1 (alone, 2 threads: 56x56x64 0.33 ms either way, 28x28x128 0.31-0.44 against
+# 0.38, 14x14x256 0.40 against 0.55; ResNet-50 b1 22.0 / 23.9 ms against 23.9 / 25.4, b8
+# 160 / 170 against 164 / 182, alternating runs of bench/onnx_models.py)
+TILE_BLOCK = 12
 
 
 def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
