@@ -2,18 +2,19 @@
 
 Inference (float32, no gradient recorded), behind ops: ``fused_conv2d`` (ember.inference.ops:
 act(conv2d + bias [+ residual]), ReLU/ReLU6) runs on the packed GEMM's implicit-GEMM form
-(``conv_gemm``, kernels.cpu.gemm) when its weight is a ``gemm.PackedWeight``, or on the NHWC
-depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the same GEMM, and
+(``conv_gemm``, kernels.cpu.gemm) when its weight is a ``gemm.PackedWeight`` (stride-1 3x3
+convs with enough channels and output tiles: Winograd F(4x4, 3x3) on the same microkernel,
+kernels.cpu.winograd), or on the NHWC depthwise kernel when it is depthwise; ``conv2d`` with a PackedWeight takes the same GEMM, and
 ``max_pool2d`` of channels-last data the NHWC max pool; a 1-D ``conv2d`` (conv1d, e.g. Whisper's
 stem) with a plain weight runs on the same GEMM, its weight packed per call (``conv1d_gemm``).
 Their results are channels-last: an (N, C, H, W) view of NHWC memory (an (N, C, L) view of
 (N, L, C) for conv1d), which the next of these kernels reads without a copy. For the ONNX
 importer's nodes around them: ``conv_transpose`` (a narrow transposed conv whose kernel is its
 stride, one direct pass) and ``channel_mean`` (the global average pool of channels-last data).
-Depthwise conv (its rows on kernels.cpu.dwconv's vector kernels where they build) and the post
-pass run their rows as tasks on ember's worker pool (kernels.cpu.pool_tasks), max pooling and
-copy4d over numba's threads; im2col (each
-window row kw*C contiguous floats) serves bench/gemm.py's BLAS comparison.
+Depthwise conv (its rows on kernels.cpu.dwconv's vector kernels where they build), max pooling
+and the post pass run their rows as tasks on ember's worker pool (kernels.cpu.pool_tasks),
+copy4d over numba's threads; im2col (each window row kw*C contiguous floats) serves
+bench/gemm.py's BLAS comparison.
 
 Training: depthwise convolution (groups == in_channels) over NCHW, forward and both gradients
 (``depthwise_nchw``, the conv2d op's kernel, which its ``saved`` lets run in training too;
@@ -607,10 +608,11 @@ def _post(out: np.ndarray, code: int, scale: float, shift: float) -> np.ndarray:
 
 
 # stride-1 3x3 convs of at least this many channels in and out and this many 4x4 output tiles
-# (over the batch) run as Winograd F(4x4, 3x3) (kernels.cpu.winograd); ResNet-50's, alone, 2
-# threads: 56x56x64 0.55 -> 0.35 ms, 28x28x128 0.52 -> 0.39; at 14x14 (16 tiles) 0.52 -> 0.6,
-# its transformed weight (4x the direct one) streamed for few tiles; at batch 8 3.8-4.1 ms ->
-# 1.8-2.5 at 56, 28 and 14
+# (over the batch) run as Winograd F(4x4, 3x3) (kernels.cpu.winograd). ResNet-50's, alone, 2
+# threads (ad hoc): 56x56x64 0.52 -> 0.33 ms, 28x28x128 0.50 -> 0.31-0.44; batch 8 4.1 -> 2.6,
+# 3.9 -> 1.8, 14x14x256 3.9 -> 1.8. At batch 1 the 14x14 layers (16 tiles) were faster alone
+# (0.40 ms) but not in the network (0.74-0.91 against 0.56-0.58): their transformed weight,
+# 4x the direct one (9.4 MB), then comes from memory for few tiles
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_TILES = 48
 
