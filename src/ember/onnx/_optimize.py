@@ -6,7 +6,8 @@ on ember ops (``Graph.run``), only with fewer, bigger nodes:
 1. constant folding: a node whose inputs are all constants (initializers, ``Constant`` nodes and
    what is computed from them only) runs once here and its outputs become constants;
 2. activations (``_fuse_dense``): the exporters' spelled-out GELU, hard swish and SiLU become
-   the ember ops of those names (one node each);
+   the ember ops of those names (one node each), a spelled-out layer norm over the last axis
+   one layer-norm kernel call (``_fuse_norm``);
 3. convolutions (``_fuse_conv``): a ``Conv`` by a constant weight becomes one ``fused_conv2d``
    call (ember.inference.ops) on a packed weight, with the per-channel scales and shifts,
    ``BatchNormalization``, residual ``Add``, activation and scalar scale/shift that follow it
@@ -201,12 +202,14 @@ def memoize_static(rw: Rewriter) -> None:
 
 def optimize(graph: Graph) -> Graph:
     """Rewrite graph's nodes in place (see the module docstring); returns graph."""
-    from ember.onnx import _fuse_conv, _fuse_dense, _fuse_nhwc
+    from ember.onnx import _fuse_conv, _fuse_dense, _fuse_nhwc, _fuse_norm
 
     rw = Rewriter(graph)
     fold_constants(rw)
     rw.index()
     _fuse_dense.fuse_activations(rw)
+    rw.index()
+    _fuse_norm.fuse(rw)
     rw.index()
     _fuse_conv.fuse(rw)
     rw.index()

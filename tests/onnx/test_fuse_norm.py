@@ -1,0 +1,133 @@
+"""The spelled-out layer norm (PP-OCRv4's recognizer) as one node: same values as the plain graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+import ember.onnx  # noqa: E402
+from ember.kernels.cpu import have_numba  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(3)
+F32 = TensorProto.FLOAT
+pytestmark = pytest.mark.skipif(not have_numba(), reason="no numba: nothing is fused")
+
+
+def _ln_nodes(x, out, axis=-1, square="Pow", w=True, b=True, opset=12, eps="eps"):
+    ax = {"axes": [axis]} if opset < 18 else {}
+    ain = ["axes"] if opset >= 18 else []
+    nodes = [
+        helper.make_node("ReduceMean", [x, *ain], ["m"], **ax),
+        helper.make_node("Sub", [x, "m"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["p"])
+        if square == "Pow"
+        else helper.make_node("Mul", ["d", "d"], ["p"]),
+        helper.make_node("ReduceMean", ["p", *ain], ["v"], **ax),
+        helper.make_node("Add", ["v", eps], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["n" if (w or b) else out]),
+    ]
+    last = "n"
+    if w:
+        nodes.append(helper.make_node("Mul", [last, "w"], ["nw" if b else out]))
+        last = "nw"
+    if b:
+        nodes.append(helper.make_node("Add", ["b", last], [out]))  # operand order swapped
+    return nodes
+
+
+def _model(nodes, outputs, d, opset=12, wshape=None, dtype=np.float32):
+    t = F32 if dtype == np.float32 else TensorProto.DOUBLE
+    wshape = wshape or (d,)
+    inits = [
+        numpy_helper.from_array(np.asarray(2.0, dtype), "two"),
+        numpy_helper.from_array(np.asarray(1e-5, dtype), "eps"),
+        numpy_helper.from_array(RNG.standard_normal(wshape).astype(dtype), "w"),
+        numpy_helper.from_array(RNG.standard_normal(wshape).astype(dtype), "b"),
+        numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+    ]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", t, None)],
+        [helper.make_tensor_value_info(n, t, None) for n in outputs], initializer=inits,
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _both(model, xs, atol=1e-5):
+    data = model.SerializeToString()
+    fast, plain = ember.onnx.load(data), ember.onnx.load(data, optimize=False)
+    for x in xs:
+        a, b = fast.run({"x": x}), plain.run({"x": x})
+        for name in plain.output_names:
+            want, got = b[name].numpy(), a[name].numpy()
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=0, atol=atol * max(1.0, np.abs(want).max()))
+    return fast
+
+
+def _ops(m):
+    return [nd.op for nd in m.graph.nodes]
+
+
+def _ref64(x, w, b, eps=1e-5):
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("d", [1, 7, 120, 384, 1000])
+@pytest.mark.parametrize("square", ["Pow", "Mul"])
+@pytest.mark.parametrize("opset", [12, 18])
+def test_spelled_out_layer_norm_is_one_node(d, square, opset):
+    m = _model(_ln_nodes("x", "y", square=square, opset=opset), ["y"], d, opset=opset)
+    xs = [_r(1, 40, d) + 3.0, _r(3, 5, d), _r(3, 2, 9, d)[:, :, 1:], _r(d)]  # batch 1 and 3
+    fast = _both(m, xs)
+    assert _ops(fast) == ["LayerNorm"]
+    init = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    for x in xs[:2]:
+        got = fast.run({"x": x})["y"].numpy()
+        want = _ref64(x, init["w"], init["b"])
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("w, b", [(False, False), (True, False), (False, True)])
+def test_layer_norm_without_scale_or_shift(w, b):
+    m = _model(_ln_nodes("x", "y", w=w, b=b), ["y"], 24)
+    fast = _both(m, [_r(3, 11, 24), _r(1, 24)])
+    assert _ops(fast) == ["LayerNorm"]
+
+
+def test_layer_norm_on_a_positive_axis_and_other_inputs_replays():
+    m = _model(_ln_nodes("x", "y", axis=2), ["y"], 16)
+    fast = _both(m, [_r(3, 4, 16), _r(1, 5, 16)])
+    assert _ops(fast) == ["LayerNorm"]
+    # rank 4: axis 2 is not the last axis; float64 input: not the kernel's dtype
+    m3 = _model(_ln_nodes("x", "y", axis=2), ["y"], 5, wshape=(5,))
+    _both(m3, [_r(2, 3, 16, 5)])  # axis 2 of rank 4 replays the nodes
+    m64 = _model(_ln_nodes("x", "y"), ["y"], 16, dtype=np.float64)
+    _both(m64, [RNG.standard_normal((3, 4, 16))])
+
+
+def test_layer_norm_broadcasting_weight_and_wrong_width_replay():
+    m = _model(_ln_nodes("x", "y"), ["y"], 8, wshape=(1, 1, 8))
+    fast = _both(m, [_r(3, 4, 8), _r(4, 8)])  # rank 2 input: w makes it rank 3
+    assert _ops(fast) == ["LayerNorm"]
+    m1 = _model(_ln_nodes("x", "y"), ["y"], 1, wshape=(1,))  # w broadcasts over any width
+    _both(m1, [_r(3, 4, 8)])
+
+
+def test_layer_norm_values_read_elsewhere_are_not_fused():
+    nodes = _ln_nodes("x", "y") + [helper.make_node("Neg", ["d"], ["nd"])]  # d read three times
+    m = _model(nodes, ["y", "nd"], 8)
+    assert "LayerNorm" not in _ops(_both(m, [_r(3, 4, 8)]))
+    m2 = _model(_ln_nodes("x", "y"), ["y", "s"], 8)  # an inner value is a graph output
+    assert "LayerNorm" not in _ops(_both(m2, [_r(3, 4, 8)]))
+    m3 = _model(_ln_nodes("x", "y", axis=0), ["y"], 8, wshape=(8,))  # not the last axis: replays
+    _both(m3, [_r(8, 8), _r(8)])
+
+
+def _r(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
