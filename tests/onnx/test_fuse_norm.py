@@ -131,3 +131,31 @@ def test_layer_norm_values_read_elsewhere_are_not_fused():
 
 def _r(*shape) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("axis, bias, shape", [(-1, True, (3, 7, 33)), (2, False, (1, 5, 33)),
+                                               (-1, True, (33,))])  # fmt: skip
+def test_layer_normalization_node_on_the_kernel(axis, bias, shape):
+    ins = ["x", "w", "b"] if bias else ["x", "w"]
+    nodes = [helper.make_node("LayerNormalization", ins, ["y"], axis=axis, epsilon=1e-3)]
+    m = _model(nodes, ["y"], 33, opset=17)
+    x = _r(*shape) * 3 + 1
+    fast = _both(m, [x, _r(1, *shape[1:])])
+    assert _ops(fast) == ["LayerNorm"]
+    init = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    want = _ref64(x, init["w"], init["b"] if bias else 0.0, eps=1e-3)
+    got = fast.run({"x": x})["y"].numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_layer_normalization_node_that_does_not_fit_replays():
+    nodes = [helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=1)]
+    m = _model(nodes, ["y"], 4, opset=17, wshape=(4,))
+    _both(m, [_r(2, 4, 4), _r(1, 4, 4)])  # axis 1 of rank 3: the node itself
+    m2 = _model(
+        [helper.make_node("LayerNormalization", ["x", "w"], ["y", "mean"])],
+        ["y", "mean"],
+        4,
+        opset=17,
+    )
+    assert "LayerNorm" not in _ops(_both(m2, [_r(3, 4)]))
