@@ -1,4 +1,4 @@
-"""The spelled-out layer norm (PP-OCRv4's recognizer) as one node: same values as the plain graph."""
+"""PP-OCRv4 recognizer's layer norms (spelled out, or LayerNormalization) and tiled average pool."""
 
 from __future__ import annotations
 
@@ -159,3 +159,33 @@ def test_layer_normalization_node_that_does_not_fit_replays():
         opset=17,
     )
     assert "LayerNorm" not in _ops(_both(m2, [_r(3, 4)]))
+
+
+def _avg_pool_ref(x, kh, kw, ceil):
+    n, c, h, w = x.shape
+    oh = -(-(h - kh) // kh) + 1 if ceil else (h - kh) // kh + 1
+    ow = -(-(w - kw) // kw) + 1 if ceil else (w - kw) // kw + 1
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            win = x[:, :, i * kh : i * kh + kh, j * kw : j * kw + kw].astype(np.float64)
+            y[:, :, i, j] = win.mean(axis=(2, 3))
+    return y
+
+
+@pytest.mark.parametrize("k, hw", [((3, 2), (3, 80)), ((3, 2), (7, 9)), ((2, 2), (4, 6)),
+                                   ((1, 3), (5, 11)), ((2, 3), (2, 3))])  # fmt: skip
+@pytest.mark.parametrize("ceil", [0, 1])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_tiled_average_pool_against_float64(k, hw, ceil, layout):
+    nodes = [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=list(k), strides=list(k),
+                              ceil_mode=ceil)]  # fmt: skip
+    m = ember.onnx.load(_model(nodes, ["y"], 1, opset=12).SerializeToString(), optimize=False)
+    for n in (1, 3):
+        x = _r(n, 13, *hw) * 2 + 1
+        if layout == "nhwc":  # a fused conv's channels-last result
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        got = m.run({"x": x})["y"].numpy()
+        want = _avg_pool_ref(x, *k, ceil)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
