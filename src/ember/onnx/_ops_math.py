@@ -294,6 +294,12 @@ def _softmax_like(a: Attrs, x, fn):
 
 @op("Softmax")
 def _softmax(a: Attrs, x):
+    ax = a.get("axis", -1 if a.opset >= 13 else 1)
+    if x.dtype == ember.float32 and x.ndim and ax in (-1, x.ndim - 1) and x.numel():
+        from ember.kernels.cpu import softmax as S
+
+        if S.available() and not (ember.is_grad_enabled() and x.requires_grad):
+            return Tensor._wrap(S.softmax_last(x._data))  # the last axis: ~4x numpy's passes
     return _softmax_like(a, x, lambda t, d: F.softmax(t, dim=d))
 
 
