@@ -1,4 +1,4 @@
-"""PP-OCRv4 recognizer's layer norms (spelled out, or LayerNormalization) and tiled average pool."""
+"""Layer norms (spelled out, or LayerNormalization), the tiled average pool and Gather fast paths."""
 
 from __future__ import annotations
 
@@ -189,3 +189,27 @@ def test_tiled_average_pool_against_float64(k, hw, ceil, layout):
         want = _avg_pool_ref(x, *k, ceil)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("idx", [[[2, -1], [0, -3]], -2, [1], [[]]])
+@pytest.mark.parametrize("itype", [np.int64, np.int32])
+def test_gather_takes_rows_with_negative_indices(axis, idx, itype):
+    node = helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)
+    g = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", F32, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64 if itype == np.int64 else TensorProto.INT32, None)],
+        [helper.make_tensor_value_info("y", F32, None)],
+    )  # fmt: skip
+    m = ember.onnx.load(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    )
+    x = _r(3, 4, 5)
+    i = np.array(idx, itype)
+    got = m.run({"x": x, "i": i})["y"].numpy()
+    want = np.take(x, np.where(i < 0, i + x.shape[axis], i), axis=axis)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(Exception, match="out of range"):
+        m.run({"x": x, "i": np.array([5], itype)})
