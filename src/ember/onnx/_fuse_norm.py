@@ -78,7 +78,7 @@ class _LayerNormRun:
             or nd < max(1, self.rank)
             or not all(a in (-1, nd - 1) for a in self.axes)
             or (self.d is not None and x.shape[-1] != self.d)
-            or x.size == 0
+            or x.numel() == 0
             or (ember.is_grad_enabled() and x.requires_grad)
         ):
             return self.replay(x)
