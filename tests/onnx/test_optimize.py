@@ -162,6 +162,36 @@ def test_squeeze_excite_global_pool_of_channels_last_conv_output():
     _both(m, [{"x": _r(n, 3, 9, 11)} for n in (1, 3)])
 
 
+@pytest.mark.parametrize("hw", [(7, 7), (1, 1), (3, 40), (180, 170)])  # 180x170x9: channel_mean
+def test_global_pool_then_flatten_as_one_node(hw):
+    """A classifier's tail: GlobalAveragePool -> Flatten -> Gemm, the pool of a fused conv's
+    channels-last result and of a plain NCHW input (no conv before it)."""
+    c, o = 9, 5
+    inits = [
+        _t("w", _r(c, 3, 3, 3, scale=0.3)),
+        _t("b", _r(c)),
+        _t("fc", _r(o, c)),
+        _t("fb", _r(o)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["m"]),
+        helper.make_node("Flatten", ["m"], ["f"], axis=1),
+        helper.make_node("Gemm", ["f", "fc", "fb"], ["out"], transB=1),
+        helper.make_node("GlobalAveragePool", ["x"], ["m2"]),
+        helper.make_node("Flatten", ["m2"], ["out2"]),
+    ]
+    m = _model(nodes, [("x", F32, ["n", 3, *hw])], ["out", "out2"], inits)
+    fast = _both(m, [{"x": _r(n, 3, *hw)} for n in (1, 3)])
+    assert "Flatten" not in _ops(fast) and "GlobalAveragePool" not in _ops(fast)
+    nodes[3] = helper.make_node("Flatten", ["m"], ["f"], axis=2)  # (n, c, 1, 1) -> (n * c, 1)
+    nodes[4] = helper.make_node("Relu", ["f"], ["out"])
+    m = _model(nodes, [("x", F32, ["n", 3, *hw])], ["out", "out2", "m2"], inits)
+    fast = _both(m, [{"x": _r(2, 3, *hw)}])
+    assert _ops(fast).count("Flatten") == 2  # axis 2, and a pool the graph returns: unfused
+
+
 def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     c, o = 5, 7
     inits = [_t("w", _r(o, c, 3, 3, scale=0.3)), _t("b", _r(o)), _t("w2", _r(o, c, 1, 1))]
