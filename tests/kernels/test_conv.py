@@ -116,6 +116,33 @@ def test_fused_conv_gemm_returns_channels_last_and_reuses_it():
     assert np.shares_memory(K.nhwc(y), y)  # the next layer reads it without a copy
 
 
+@pytest.mark.parametrize("threads", [2, 1])
+def test_conv_gemm_pool_plan_reused_across_calls(threads, monkeypatch):
+    """conv_gemm keeps a layer's pool job (_gemm_plan) and rewrites only its input, output and
+    residual addresses: new inputs, residuals and outputs every call stay right."""
+    import ember
+
+    old = ember.get_num_threads()
+    ember.set_num_threads(threads)
+    monkeypatch.setattr(K, "_PLANS", {})
+    try:
+        for c, o, k, s, hw in ((37, 70, 3, 1, (13, 11)), (64, 256, 1, 2, (15, 14))):
+            w, b = PackedWeight(_r(o, c, k, k)), _r(o)
+            pads = (k // 2,) * 4
+            for i in range(3):
+                x = _r(2, c, *hw) if i != 1 else _cl(_r(2, c, *hw))
+                ref = K.conv2d_nchw_reference(x, w, (s, s), pads, 1) + b[:, None, None]
+                res = _r(*ref.shape) if i else None
+                want = np.maximum(ref + (0 if res is None else res), 0)
+                y = K.fused_conv2d_gemm(
+                    x, w, b, res, stride=(s, s), pads=pads, groups=1, act="relu"
+                )
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        assert bool(K._PLANS) == (threads > 1 and G.USE_POOL)
+    finally:
+        ember.set_num_threads(old)
+
+
 def test_fused_depthwise_matches_reference():
     k = _kernel("fused_conv2d", "fused_conv2d_depthwise")
     cases = []

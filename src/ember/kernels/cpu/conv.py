@@ -571,11 +571,55 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
         offs = _OFFSETS[key] = (rowoff, tapoff, span)
     rowoff, tapoff, span = offs
     kc = kh * kw * c // len(tapoff)
-    G.gemm(
-        src.reshape(-1), rowoff, tapoff, kc, panels, bias, r, act, out.reshape(m, o), span,
-        stream=stream,
-    )  # fmt: skip
+    a1, out2 = src.reshape(-1), out.reshape(m, o)
+    plan = (
+        None
+        if stream
+        else _gemm_plan(key, a1, rowoff, tapoff, span, kc, panels, bias, r, act, out2)
+    )
+    if plan is None:
+        G.gemm(a1, rowoff, tapoff, kc, panels, bias, r, act, out2, span, stream=stream)
+        return channels_last(out)
+    from ember.kernels.cpu import pool_tasks as PT
+
+    params = plan[0].copy()  # a copy: another thread may run this layer
+    params[PT.P_A], params[PT.P_OUT] = a1.ctypes.data, out2.ctypes.data
+    params[PT.P_RES] = params[PT.P_OUT] if r is None else r.ctypes.data
+    PT.run_gemm(params, plan[1])
     return channels_last(out)
+
+
+_PLANS: dict = {}  # (geometry, weight, ...) -> (gemm's pool job, the arrays its words point to)
+
+
+def _gemm_plan(key, a, rowoff, tapoff, span, kc, panels, bias, r, act, out) -> tuple | None:
+    """conv_gemm's pool job as gemm builds it (its operand checks passed once), or None where
+    gemm runs the product otherwise (on the calling thread, narrow panels, numba's driver).
+
+    A conv node calls gemm with the same weight, offsets and shapes every pass; building and
+    checking its job (seven ``ctypes.data`` at ~0.9 us, the checks, the parameter block) was
+    ~7 us of a call's Python, as ``G._pool_plan`` found for linears. Per call only the input,
+    output and residual addresses change (a, out and r: contiguous float32, conv_gemm's own).
+    """
+    threads = get_num_threads()
+    pkey = (key, id(panels), id(bias), kc, r is not None, act, out.shape, threads)
+    hit = _PLANS.get(pkey)
+    if hit is not None:
+        return hit[0]
+    m, o = out.shape
+    small = m * o * panels.shape[1] < G.SERIAL_BELOW and panels.nbytes < G.SERIAL_MAX_WEIGHT_BYTES
+    if threads == 1 or small or not m or not G.USE_POOL or panels.shape[2] != G.panel_width():
+        return None
+    from ember.kernels.cpu import pool_tasks as PT
+
+    if PT.state() is None:
+        return None
+    G._check(a, rowoff, tapoff, kc, panels, bias, r, out, G.panel_width(), span)
+    plan = PT.gemm_params(a, rowoff, tapoff, kc, panels, bias, r, act, out, threads)
+    if len(_PLANS) >= MAX_CACHED:
+        _PLANS.clear()
+    _PLANS[pkey] = (plan, (panels, bias, rowoff, tapoff))  # ids stay those of live arrays
+    return plan
 
 
 # ------------------------------------------------------------------ registered kernels
