@@ -604,7 +604,7 @@ def _gemm_plan(key, a, rowoff, tapoff, span, kc, panels, bias, r, act, out) -> t
     threads = get_num_threads()
     pkey = (key, id(panels), id(bias), kc, r is not None, act, out.shape, threads)
     hit = _PLANS.get(pkey)
-    if hit is not None:
+    if hit is not None and G.USE_POOL:
         return hit[0]
     m, o = out.shape
     small = m * o * panels.shape[1] < G.SERIAL_BELOW and panels.nbytes < G.SERIAL_MAX_WEIGHT_BYTES
