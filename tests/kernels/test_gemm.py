@@ -237,6 +237,7 @@ def test_linear_op_picks_the_packed_kernel_and_stays_exact():
         lin.weight.grad.numpy(),
         np.broadcast_to(x.numpy().reshape(-1, 20).sum(0), (9, 20)),
         rtol=1e-5,
+        atol=1e-5,  # a column sum near 0 (RNG's state depends on the test order) has no rtol
     )
 
 
