@@ -216,10 +216,9 @@ def gemm(
     """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
     rows of a task (default CHUNK_PIXELS, rounded down to whole tiles); stream: non-temporal
     stores (gemm.STREAM_BYTES)."""
-    params, tasks = gemm_params(
-        a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows, stream
+    run_gemm(
+        *gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows, stream)
     )
-    _go("gemm", params, tasks, 1)
 
 
 def run_gemm(params: np.ndarray, tasks: int) -> None:
