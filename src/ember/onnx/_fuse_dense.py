@@ -127,10 +127,19 @@ class _LinearRun:
     def __call__(self, at, x: Tensor, *rest) -> Tensor:
         if x.dtype != ember.float32 or x.ndim < max(1, self.b_rank):
             return self.replay(x, *rest)
-        w = self.w._data
-        if G.packed_panels(w) is not None and not (ember.is_grad_enabled() and x.requires_grad):
+        if self._packs(x):
             return Tensor._wrap(self._product(x._data, None))
         return F.linear(x, self.w, self.b)
+
+    def _packs(self, *xs: Tensor) -> bool:
+        """Whether the packed product applies: float32 inputs of the bias's rank or more, a
+        weight with panels, and no gradient to record."""
+        return (
+            all(x.dtype == ember.float32 for x in xs)
+            and xs[0].ndim >= max(1, self.b_rank)
+            and G.packed_panels(self.w._data) is not None
+            and not (ember.is_grad_enabled() and any(x.requires_grad for x in xs))
+        )
 
     def _product(self, x: np.ndarray, res: np.ndarray | None) -> np.ndarray:
         w = self.w._data
@@ -144,13 +153,7 @@ class _GeluLinearRun(_LinearRun):
     """GELU(x @ W (+ bias)), the GELU written over the GEMM's fresh output (no second array)."""
 
     def __call__(self, at, x: Tensor) -> Tensor:
-        w = self.w._data
-        if (
-            x.dtype != ember.float32
-            or x.ndim < max(1, self.b_rank)
-            or G.packed_panels(w) is None
-            or (ember.is_grad_enabled() and x.requires_grad)
-        ):
+        if not self._packs(x):
             return self.replay(x)
         from ember.kernels.cpu import activation
 
@@ -161,22 +164,16 @@ class _ResidualLinearRun(_LinearRun):
     """x @ W (+ bias) + res, res added in the GEMM's epilogue when it has the product's shape."""
 
     def __call__(self, at, x: Tensor, res: Tensor) -> Tensor:
-        w = self.w._data
-        f32 = ember.float32
         if (
-            x.dtype != f32
-            or res.dtype != f32
-            or x.ndim < max(1, self.b_rank)
-            or res.shape != (*x.shape[:-1], w.shape[0])
+            not self._packs(x, res)
+            or res.shape != (*x.shape[:-1], self.w.shape[0])
             or not res._data.flags.c_contiguous
-            or G.packed_panels(w) is None
-            or (ember.is_grad_enabled() and (x.requires_grad or res.requires_grad))
         ):
             return self.replay(x, res)
         return Tensor._wrap(self._product(x._data, res._data))
 
 
-class _SharedInputLinearRun:
+class _SharedInputLinearRun(_LinearRun):
     """x @ W_i (+ b_i) for several plain products of one x, as one product on the weights
     stacked side by side; each result is a view of its columns (the attention kernel and the
     reshapes after Q/K/V read such views in place). Any other input: each product's replay."""
@@ -186,23 +183,15 @@ class _SharedInputLinearRun:
         ws = [r.w._data.view(np.ndarray) for r in runs]
         bs = [np.zeros(w.shape[0], _F32) if r.b is None else r.b._data for r, w in zip(runs, ws)]
         self.w = _packed(np.ascontiguousarray(np.concatenate(ws, axis=0)))
-        self.b = np.ascontiguousarray(np.concatenate(bs))
+        self.b = Tensor._wrap(np.ascontiguousarray(np.concatenate(bs)))
         ends = np.cumsum([w.shape[0] for w in ws]).tolist()
         self.cols = list(zip([0, *ends[:-1]], ends))
         self.b_rank = max(r.b_rank for r in runs)
 
     def __call__(self, at, x: Tensor) -> tuple[Tensor, ...]:
-        w = self.w._data
-        if (
-            x.dtype != ember.float32
-            or x.ndim < max(1, self.b_rank)
-            or G.packed_panels(w) is None
-            or (ember.is_grad_enabled() and x.requires_grad)
-        ):
+        if not self._packs(x):
             return tuple(r(x) for r in self.replays)
-        m = math.prod(x.shape[:-1])
-        out = self.arena.take(m, w.shape[0]) if x.size else None
-        y = G.linear_packed_residual(x._data, w, self.b, None, out)
+        y = self._product(x._data, None)
         return tuple(Tensor._wrap(y[..., c0:c1]) for c0, c1 in self.cols)
 
 

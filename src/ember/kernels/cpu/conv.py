@@ -582,10 +582,7 @@ def conv_gemm(x, panels, o: int, kernel, bias, res, stride, pads, act: int) -> n
         return channels_last(out)
     from ember.kernels.cpu import pool_tasks as PT
 
-    params = plan[0].copy()  # a copy: another thread may run this layer
-    params[PT.P_A], params[PT.P_OUT] = a1.ctypes.data, out2.ctypes.data
-    params[PT.P_RES] = params[PT.P_OUT] if r is None else r.ctypes.data
-    PT.run_gemm(params, plan[1])
+    PT.rerun_gemm(plan, a1, out2, r)
     return channels_last(out)
 
 

@@ -797,10 +797,7 @@ def linear_packed_residual(
     if plan is not None and (r is None or (r.dtype == np.float32 and r.flags.c_contiguous)):
         from ember.kernels.cpu import pool_tasks as PT
 
-        params, tasks = plan[0].copy(), plan[1]  # a copy: another thread may run this weight
-        params[PT.P_A], params[PT.P_OUT] = x2.ctypes.data, out.ctypes.data
-        params[PT.P_RES] = params[PT.P_OUT] if r is None else r.ctypes.data
-        PT.run_gemm(params, tasks)
+        PT.rerun_gemm(plan, x2, out, r)
         return out.reshape(*lead, o)
     mr = _state()["mr"]
     one_block = m <= LINEAR_ONE_BLOCK_ROWS and w.panels.shape[0] >= LINEAR_ONE_BLOCK_PANELS

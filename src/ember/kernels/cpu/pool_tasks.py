@@ -216,14 +216,17 @@ def gemm(
     """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
     rows of a task (default CHUNK_PIXELS, rounded down to whole tiles); stream: non-temporal
     stores (gemm.STREAM_BYTES)."""
-    run_gemm(
-        *gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows, stream)
-    )
+    _go("gemm", *gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows,
+                              stream), 1)  # fmt: skip
 
 
-def run_gemm(params: np.ndarray, tasks: int) -> None:
-    """A product from gemm_params' words (a caller that keeps them updates P_A, P_RES, P_OUT)."""
-    _go("gemm", params, tasks, 1)
+def rerun_gemm(job: tuple, a: np.ndarray, out: np.ndarray, res: np.ndarray | None) -> None:
+    """A kept job of gemm_params (its operand checks passed once) on new a, out and res of the
+    shapes, dtype and layout it was built for: only their addresses change."""
+    params = job[0].copy()  # a copy: another thread may run the same job
+    params[P_A], params[P_OUT] = a.ctypes.data, out.ctypes.data
+    params[P_RES] = params[P_OUT] if res is None else res.ctypes.data
+    _go("gemm", params, job[1], 1)
 
 
 def gemm_params(
