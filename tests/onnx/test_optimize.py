@@ -354,6 +354,56 @@ def test_inverted_residual_blocks_not_fused_and_replayed():
     assert "FusedInvertedResidual" not in _ops(fast)
 
 
+HEADS = [  # c, o, act, hw: a 1x1 conv (+BN) [act] -> GlobalAveragePool -> Flatten -> Gemm
+    (320, 1280, "Clip6", (7, 7)),  # MobileNetV2's (K over K_BLOCK: two blocks of K)
+    (5, 37, "Relu", (11, 13)),  # odd channels, a partial panel, rows past CHUNK_PIXELS
+    (9, 7, None, (1, 1)),  # one panel, under NR/2 columns, one pixel
+    (40, 70, "Clip6", (3, 40)),
+]
+
+
+def _head(c, o, act, stride=1):
+    inits = [_t("w", _r(o, c, 1, 1, scale=0.3)), _t("b", _r(o)), _t("g", _r(o)), _t("bb", _r(o)),
+             _t("mu", _r(o)), _t("v", np.abs(_r(o)) + 0.5), _t("lo", np.float32(0)),
+             _t("hi", np.float32(6)), _t("fc", _r(11, o)), _t("fb", _r(11))]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride, stride]),
+             helper.make_node("BatchNormalization", ["y", "g", "bb", "mu", "v"], ["a0"])]  # fmt: skip
+    if act is not None:
+        nodes.append(helper.make_node(act[:4], ["a0", "lo", "hi"] if act == "Clip6" else ["a0"],
+                                      ["a1"]))  # fmt: skip
+    nodes += [helper.make_node("GlobalAveragePool", [nodes[-1].output[0]], ["m"]),
+              helper.make_node("Flatten", ["m"], ["f"], axis=1),
+              helper.make_node("Gemm", ["f", "fc", "fb"], ["out"], transB=1)]  # fmt: skip
+    return nodes, inits
+
+
+@pytest.mark.parametrize("c,o,act,hw", HEADS)
+def test_head_conv_pool_as_one_node(c, o, act, hw):
+    """MobileNetV2's head: the 1x1 conv's tasks pool their own columns (batch 1, 3 and 0, 1 and 2
+    threads); a strided 1x1 conv runs the two nodes at run time."""
+    nodes, inits = _head(c, o, act)
+    m = _model(nodes, [("x", F32, ["n", c, *hw])], ["out"], inits)
+    threads = ember.get_num_threads()
+    try:
+        for t in (1, 2):
+            ember.set_num_threads(t)
+            fast = _both(m, [{"x": _r(n, c, *hw)} for n in (1, 3, 0)])
+    finally:
+        ember.set_num_threads(threads)
+    if G.microkernels_available():
+        assert _ops(fast) == ["FusedConvPool", "Linear"], _ops(fast)
+    nodes, inits = _head(c, o, act, stride=2)
+    m = _model(nodes, [("x", F32, ["n", c, *hw])], ["out"], inits)
+    _both(m, [{"x": _r(n, c, *hw)} for n in (1, 2)])
+
+
+def test_head_not_fused_when_the_conv_output_is_read_elsewhere():
+    nodes, inits = _head(6, 10, "Relu")
+    m = _model(nodes, [("x", F32, ["n", 6, 5, 4])], ["out", "a1"], inits)
+    fast = _both(m, [{"x": _r(2, 6, 5, 4)}])
+    assert "FusedConvPool" not in _ops(fast)
+
+
 def test_inverted_residual_block_avx2_in_a_fresh_process():
     """NR = 16, MR = 6 and 8-lane depthwise kernels (what an AVX2-only CPU runs)."""
     from tests.helpers import run_fresh
@@ -366,6 +416,8 @@ def test_inverted_residual_block_avx2_in_a_fresh_process():
         "assert gemm.isa() == 'avx2'\n"
         "for case in t.IR_BLOCKS:\n"
         "    t._check_ir_block(*case)\n"
+        "for case in t.HEADS:\n"
+        "    t.test_head_conv_pool_as_one_node(*case)\n"
         "print('ok')\n"
     )
     assert run_fresh(code, {"EMBER_SGEMM_ISA": "avx2"})[-1] == "ok"

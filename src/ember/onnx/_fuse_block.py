@@ -143,8 +143,46 @@ class _BlockRun:
         return plan, epads
 
 
+class _HeadRun:
+    """A 1x1 fused conv whose output only GlobalAveragePoolFlatten reads: irblock's HeadPlan
+    (the pooled sums made by the conv's tasks), or the two nodes where it does not suit."""
+
+    def __init__(self, conv: _ConvRun, pool_node) -> None:
+        self.conv, self.pool, self.pool_at = conv, pool_node.fn, pool_node.attrs
+        self._plans: dict = {}
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        from ember.threads import get_num_threads
+
+        d = x._data
+        key = (d.shape, d.dtype, get_num_threads())
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(x, key[-1])
+            if len(self._plans) < _PLANS_MAX:
+                self._plans[key] = plan
+        if plan is False or (ember.is_grad_enabled() and x.requires_grad):
+            return self.pool(self.pool_at, self.conv(at, x))
+        return Tensor._wrap(plan.run(K.nhwc(d)))
+
+    def _plan(self, x: Tensor, threads: int):
+        """irblock's HeadPlan for this input shape, or False (conv, then pool)."""
+        from ember.kernels.cpu import irblock
+
+        if irblock.state() is None or x.ndim != 4 or x._data.dtype != _F32:
+            return False
+        n, c, h, w = x.shape
+        p = self.conv
+        s, _, lo, hi = _geometry(p.conv_at, [h, w], p.k)
+        if n * h * w == 0 or list(s) != [1, 1] or any(lo) or any(hi) or p.w.shape[1] != c:
+            return False
+        return irblock.HeadPlan(n, h * w, c, (p.w._data, p.b._data, p.w.shape[0], _ACT[p.act]),
+                                threads)  # fmt: skip
+
+
 def fuse(rw: Rewriter) -> None:
-    """Make each [expand ->] depthwise -> project chain of fused convs one node."""
+    """Make each [expand ->] depthwise -> project chain of fused convs one node, and a 1x1
+    fused conv read only by a GlobalAveragePoolFlatten (MobileNetV2's head) another."""
     from ember.kernels.cpu import irblock
 
     if irblock.state() is None:
@@ -172,3 +210,12 @@ def fuse(rw: Rewriter) -> None:
         run = _BlockRun(expand, nd.fn, pn.fn)
         rw.replace(idxs, fused_node("FusedInvertedResidual", [x, *pn.inputs[1:]], pn.outputs,
                                     run, nd))  # fmt: skip
+    for i, nd in enumerate(rw.nodes):
+        if nd is None or nd.op != "FusedConv" or len(nd.inputs) != 1 or not _pointwise(nd.fn):
+            continue
+        j = rw.sole_user(nd.outputs[0])
+        gn = rw.node(j)
+        if gn is None or gn.op != "GlobalAveragePoolFlatten" or gn.inputs[0] != nd.outputs[0]:
+            continue
+        rw.replace([i, j], fused_node("FusedConvPool", [nd.inputs[0]], gn.outputs,
+                                      _HeadRun(nd.fn, gn), nd))  # fmt: skip

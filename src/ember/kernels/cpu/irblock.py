@@ -161,6 +161,74 @@ def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cov
     _fetch_add(claims + sl * 8, -1)
 
 
+# the head's descriptor words (a 1x1 conv whose output is only averaged over its pixels)
+(H_X, H_N, H_HW, H_K, H_PP, H_PB, H_O, H_ACT, H_OUT, H_SCR, H_ACC, H_ROWS, H_TAP0, H_MR, H_NR,
+ H_KBLOCK, H_CHUNK, H_GROUPS, H_CLAIMS, H_NSLOTS, H_WORDS) = range(21)  # fmt: skip
+
+
+def _head_task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
+    """Panel groups i0..i1-1 of the head at p: the conv's columns of those panels for every
+    pixel (into the scratch, chunk by chunk of rows), then their sums over each image's pixels
+    (float64) divided by the pixel count into the pooled output."""
+    xa, n, hw, kk, ppa, pba = _ld(p, H_X), _ld(p, H_N), _ld(p, H_HW), _ld(p, H_K), _ld(p, H_PP), \
+        _ld(p, H_PB)  # fmt: skip
+    o, act, pa, sa, acca = _ld(p, H_O), _ld(p, H_ACT), _ld(p, H_OUT), _ld(p, H_SCR), _ld(p, H_ACC)
+    ra, tap0, mr, nr = _ld(p, H_ROWS), _ld(p, H_TAP0), _ld(p, H_MR), _ld(p, H_NR)
+    kblock, chunk, groups = _ld(p, H_KBLOCK), _ld(p, H_CHUNK), _ld(p, H_GROUPS)
+    m = n * hw
+    panels = (o + nr - 1) // nr
+    g = max(1, kblock // kk)
+    ncs = 1 if kk <= kblock else (kk + kblock - 1) // kblock
+    lo = np.float32(-np.inf if act == 0 else 0.0)
+    hi = np.float32(6.0 if act == 2 else np.inf)
+    claims, nslots = _ld(p, H_CLAIMS), _ld(p, H_NSLOTS)
+    sl = 0  # a scratch slot of chunk rows of our own, claimed as in _task_py
+    while _fetch_add(claims + sl * 8, 1) != 0:
+        _fetch_add(claims + sl * 8, -1)
+        sl = (sl + 1) % nslots
+    sa += sl * chunk * o * 4
+    y = carray(_vptr(sa), (chunk * o,), np.float32)
+    acc = carray(_vptr(acca), (n * o,), np.float64)
+    pooled = carray(_vptr(pa), (n * o,), np.float32)
+    for item in range(i0, i1):
+        j0, j1 = panels * item // groups, panels * (item + 1) // groups
+        c0, c1 = j0 * nr, min(o, j1 * nr)
+        for b in range(n):
+            for c in range(c0, c1):
+                acc[b * o + c] = 0.0
+        for q0 in range(0, m, chunk):
+            q1 = min(q0 + chunk, m)
+            ya = sa - q0 * o * 4  # row q0 at the slot's start
+            _block(q0, q1, j0, j1, xa, ra, tap0, ppa, ya, pba, ya, o, kk, nr, 1, kk, g, ncs, ncs,
+                   mr, 2, lo, hi)  # fmt: skip
+            for q in range(q0, q1):  # while the chunk's columns are in L1/L2
+                b = q // hw
+                for c in range(c0, c1):
+                    acc[b * o + c] += y[(q - q0) * o + c]
+        for b in range(n):
+            for c in range(c0, c1):
+                pooled[b * o + c] = np.float32(acc[b * o + c] / hw)
+    _fetch_add(claims + sl * 8, -1)
+
+
+def _head_go_py(ctrl, own, desc, fn, items, x, out, scr, acc, claims):
+    """_go_py for the head: the call's five addresses, then its panel groups on the pool
+    (pragma: no cover - compiled)."""
+    d = desc.copy()
+    d[H_X], d[H_OUT], d[H_SCR], d[H_ACC] = x.ctypes.data, out.ctypes.data, scr.ctypes.data, \
+        acc.ctypes.data  # fmt: skip
+    d[H_CLAIMS] = claims.ctypes.data
+    shared = _acquire(ctrl.ctypes.data)
+    if shared == 0:
+        ctrl = own
+    ctrl[_CHUNK] = 1
+    ctrl[_ROWS] = items
+    ctrl[_GROUPS] = 1
+    ctrl[_WI] = d.ctypes.data
+    ctrl[_GROUP0] = fn
+    _run(ctrl.ctypes.data, items, shared)
+
+
 def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, res, nchw, has_res, has_nchw):
     """Fill a copy of the descriptor with the call's addresses and run its bands on the pool
     (on ``own`` alone when another thread holds the pool's job block): in Python the four
@@ -206,7 +274,10 @@ def _build(nb) -> dict:
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
     pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
     go = nb.njit(nogil=True, cache=True)(_go_py)
-    return {"ok": True, "task": task, "fn": task.address, "go": go}
+    head = nb.cfunc(sig, nopython=True, cache=True)(_head_task_py)
+    head_go = nb.njit(nogil=True, cache=True)(_head_go_py)
+    return {"ok": True, "task": task, "fn": task.address, "go": go, "head": head,
+            "head_fn": head.address, "head_go": head_go}  # fmt: skip
 
 
 def _build_all() -> dict:
@@ -349,3 +420,54 @@ def _panels(w, nr: int) -> np.ndarray:
 
 def _out(size: int, k: int, s: int, lo: int, hi: int) -> int:
     return (size + lo + hi - k) // s + 1
+
+
+class HeadPlan:
+    """A 1x1 conv (N, H, W, K) -> (N, H, W, O) whose output is only averaged over its pixels
+    (MobileNetV2's last conv before GlobalAveragePool): the pooled (N, O) without the conv's
+    output going through memory (it is in a reused per-thread scratch, summed by each task
+    right after the task computes its columns). Tasks are groups of the weight's panels, each
+    over every pixel of every image: a group's panels stay in L2 across the images."""
+
+    def __init__(self, n: int, hw: int, k: int, project, threads: int) -> None:
+        """project: (PackedWeight, bias, o, act)."""
+        g = G._state()
+        mr, nr = g["mr"], g["nr"]
+        pw, pb, o, act = project
+        pp = _panels(pw, nr)
+        panels = -(-o // nr)
+        self.items = min(panels, TASKS_PER_THREAD * threads)
+        self.n, self.o, self.m = n, o, n * hw
+        self.rows = _rowoffs(n * hw, k)
+        self.keep = (pp, pb)
+        d = np.zeros(H_WORDS, np.int64)
+        d[H_N], d[H_HW], d[H_K], d[H_PP], d[H_PB], d[H_O] = n, hw, k, pp.ctypes.data, \
+            pb.ctypes.data, o  # fmt: skip
+        d[H_ACT], d[H_ROWS], d[H_TAP0] = act, self.rows.ctypes.data, _TAP0.ctypes.data
+        d[H_MR], d[H_NR], d[H_KBLOCK], d[H_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
+        d[H_GROUPS] = self.items
+        self.nslots = d[H_NSLOTS] = threads + 1  # as Plan's: one slot always free
+        self.slot = G.CHUNK_PIXELS * o
+        self.desc = d
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """The pooled (N, O) float32 for x, the conv's (N, H, W, K) contiguous float32 input."""
+        from ember.kernels.cpu import pool
+
+        out = np.empty((self.n, self.o), np.float32)
+        scr, claims = _scratch(self.nslots * self.slot, self.nslots)
+        acc = _head_acc(self.n * self.o)
+        own = getattr(_local, "own", None)
+        if own is None:
+            own = _local.own = np.zeros(pool.CTRL_WORDS, np.int64)
+        _STATE["head_go"](pool.ctrl(), own, self.desc, _STATE["head_fn"], self.items, x, out,
+                          scr, acc, claims)  # fmt: skip
+        return out
+
+
+def _head_acc(size: int) -> np.ndarray:
+    """This thread's float64 sums for a head (grown, never shrunk)."""
+    acc = getattr(_local, "hacc", None)
+    if acc is None or acc.size < size:
+        acc = _local.hacc = np.empty(size, np.float64)
+    return acc
