@@ -312,6 +312,7 @@ def _check_ir_block(c, expand, co, k, s, attrs, acts=("Clip6", "Clip6", None), h
     fast = _both(m, [{"x": _r(n, c, *hw)} for n in (1, 3, 0)])
     if G.microkernels_available():
         assert _ops(fast) == ["FusedInvertedResidual"], _ops(fast)
+    return fast
 
 
 @pytest.mark.parametrize("c,expand,co,k,s,attrs", IR_BLOCKS)
@@ -337,6 +338,32 @@ def test_inverted_residual_block_activations_and_one_thread(acts):
             _check_ir_block(16, (40, 1), 16, 3, 1, {"pads": [1, 1, 1, 1]}, acts, hw=(9, 30))
     finally:
         ember.set_num_threads(threads)
+
+
+SPLIT_BLOCKS = [  # small maps at batch 1: tasks by parts of the expanded channels
+    (40, (96, 1), 40, 3, 1, {"pads": [1, 1, 1, 1]}, ("Clip6", "Clip6", None)),  # residual
+    (24, (300, 1), 40, 5, 2, {"pads": [2, 1, 2, 1]}, ("Relu", None, "Relu")),  # partial panel
+    (17, (70, 1), 33, 3, 1, {"auto_pad": "SAME_UPPER"}, ("Clip6", "Clip6", "Clip6")),
+]
+
+
+@pytest.mark.parametrize("c,expand,co,k,s,attrs,acts", SPLIT_BLOCKS)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_inverted_residual_block_by_channel_parts(c, expand, co, k, s, attrs, acts, threads):
+    """A map of fewer bands than threads: each task one part of the expanded channels, the last
+    adding the others' partial products and applying the project's activation (batch 1; batch
+    3 runs bands)."""
+    from ember.kernels.cpu import irblock
+
+    before = ember.get_num_threads()
+    try:
+        ember.set_num_threads(threads)
+        fast = _check_ir_block(c, expand, co, k, s, attrs, acts, hw=(7, 6))
+        if irblock.state() is not None:  # batch 1 split by channels, batch 3 by bands
+            parts = sorted(v[0].parts for v in fast.graph.nodes[0].fn._plans.values() if v)
+            assert parts == [1, threads], parts
+    finally:
+        ember.set_num_threads(before)
 
 
 def test_inverted_residual_blocks_not_fused_and_replayed():
@@ -416,6 +443,8 @@ def test_inverted_residual_block_avx2_in_a_fresh_process():
         "assert gemm.isa() == 'avx2'\n"
         "for case in t.IR_BLOCKS:\n"
         "    t._check_ir_block(*case)\n"
+        "for case in t.SPLIT_BLOCKS:\n"
+        "    t.test_inverted_residual_block_by_channel_parts(*case, 2)\n"
         "for case in t.HEADS:\n"
         "    t.test_head_conv_pool_as_one_node(*case)\n"
         "print('ok')\n"

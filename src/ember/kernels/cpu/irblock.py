@@ -44,7 +44,7 @@ from ember.kernels.cpu import gemm as G
 _STATE: dict = {}
 _LOCK = threading.Lock()
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = None  # bound by _build
+_ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = _bands = None  # bound by _build
 _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 # descriptor words
@@ -52,7 +52,7 @@ _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _
  D_SW, D_PT, D_PL, D_DACT, D_OH, D_OW, D_PP, D_PB, D_CO, D_PACT, D_RES, D_HAS_R, D_OUT, D_TPI,
  D_RSUB, D_SCR, D_SLOT, D_ROI, D_ROE, D_TAP0, D_MR, D_NR, D_KBLOCK, D_CHUNK, D_ETAP, D_ENT,
  D_EKC, D_XROW, D_XIMG, D_SRC, D_SC, D_SH_IN, D_SW_IN, D_SPT, D_SPL, D_EKH, D_ESH,
- D_NARROW, D_PPN, D_NSLOTS, D_CLAIMS, D_WORDS) = range(56)  # fmt: skip
+ D_NARROW, D_PPN, D_NSLOTS, D_CLAIMS, D_PARTS, D_COUNT, D_SACT, D_WORDS) = range(59)  # fmt: skip
 
 MIN_BAND = 8  # output rows per task at least (a band boundary recomputes kh - sh expanded rows)
 TASKS_PER_THREAD = 4  # bands per thread (when the map has that many MIN_BAND-row bands)
@@ -77,6 +77,37 @@ _gemm_rows = _narrow_rows = None  # compiled by _build; gemm_narrow's rows (boun
 
 
 def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
+    """Bands i0..i1-1 (image, band of output rows) of the block described at p, or with
+    ``D_PARTS`` > 1 items (image, part of the expanded channels): each part's descriptor
+    (D_WORDS words each, from p) is a whole-image band of a block on its channels only, whose
+    project writes a partial product (the first part's with bias and residual, into the
+    output; the others' into their own arrays, no activation); the last part of an image to
+    finish adds the others' into the output and applies the project's activation."""
+    parts = _ld(p, D_PARTS)
+    if parts == 1:
+        _bands(p, i0, i1)
+        return
+    for item in range(i0, i1):
+        b, k = item // parts, item % parts
+        _bands(p + k * D_WORDS * 8, b, b + 1)
+        cnt = _ld(p, D_COUNT) + b * 8
+        if _fetch_add(cnt, 1) == parts - 1:  # the others' partial products are all written
+            _fetch_add(cnt, -parts)  # zero again for the next call
+            img = _ld(p, D_OH) * _ld(p, D_OW) * _ld(p, D_CO)
+            out = carray(_vptr(_ld(p, D_OUT) + b * img * 4), (img,), np.float32)
+            for q in range(1, parts):
+                part = carray(_vptr(_ld(p + q * D_WORDS * 8, D_OUT) + b * img * 4), (img,),
+                              np.float32)  # fmt: skip
+                for t in range(img):
+                    out[t] += part[t]
+            act = _ld(p, D_SACT)
+            if act != 0:
+                hi = np.float32(6.0 if act == 2 else np.inf)
+                for t in range(img):
+                    out[t] = min(max(out[t], np.float32(0.0)), hi)
+
+
+def _bands_py(p, i0, i1):  # pragma: no cover - compiled
     """Bands i0..i1-1 (image, band of output rows) of the block described at p."""
     xa, h, wd = _ld(p, D_X), _ld(p, D_H), _ld(p, D_W)
     has_e, epa, eba, ce, eact = (_ld(p, D_HAS_E), _ld(p, D_EP), _ld(p, D_EB), _ld(p, D_CE),
@@ -229,15 +260,20 @@ def _head_go_py(ctrl, own, desc, fn, items, x, out, scr, acc, claims):
     _run(ctrl.ctypes.data, items, shared)
 
 
-def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, res, nchw, has_res, has_nchw):
+def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, res, nchw, has_res, has_nchw, tmp):
     """Fill a copy of the descriptor with the call's addresses and run its bands on the pool
     (on ``own`` alone when another thread holds the pool's job block): in Python the four
     ``ctypes.data`` alone took ~6 us a call (pragma: no cover - compiled)."""
     d = desc.copy()  # the node may run in several threads at once
-    d[D_X], d[D_OUT], d[D_SCR], d[D_CLAIMS] = x.ctypes.data, out.ctypes.data, scr.ctypes.data, \
-        claims.ctypes.data  # fmt: skip
-    d[D_RES] = res.ctypes.data if has_res else 0
-    d[D_SRC] = nchw.ctypes.data if has_nchw else 0
+    parts = d[D_PARTS]
+    for k in range(parts):  # each part's descriptor: the first part's output is the block's
+        q = k * D_WORDS
+        d[q + D_X], d[q + D_SCR], d[q + D_CLAIMS] = x.ctypes.data, scr.ctypes.data, \
+            claims.ctypes.data  # fmt: skip
+        d[q + D_OUT] = out.ctypes.data if k == 0 else tmp.ctypes.data + (k - 1) * out.nbytes
+        d[q + D_RES] = res.ctypes.data if has_res and k == 0 else 0
+        d[q + D_SRC] = nchw.ctypes.data if has_nchw else 0
+    d[D_COUNT] = claims.ctypes.data + d[D_NSLOTS] * 8  # an image's finished parts
     shared = _acquire(ctrl.ctypes.data)
     if shared == 0:
         ctrl = own
@@ -261,6 +297,7 @@ def _build(nb) -> dict:
     g = globals()
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), _dw_rows=dw["rows"], carray=nb.carray)
     g["_gemm_rows"] = nb.njit(nogil=True, cache=True)(_gemm_rows_py)
+    g["_bands"] = nb.njit(nogil=True, cache=True)(_bands_py)
     g["_fetch_add"] = types.ExternalFunction(
         "ember_sgemm_fetch_add", types.int64(types.int64, types.int64)
     )
@@ -332,61 +369,57 @@ class Plan:
         dw: (weight (kh, kw, Ce), bias, act); project: (PackedWeight, bias, co, act); stride and pads
         (top, bottom, left, right) the depthwise's."""
         g = G._state()
-        mr, nr = g["mr"], g["nr"]
+        nr = g["nr"]
         wdw, bdw, dact = dw
         kh, kw, ce = wdw.shape
         (sh, sw), (pt, pb_, pl, pr) = stride, pads
         pw, pb, co, pact = project
-        pp = _panels(pw, nr)
         oh, ow = self.out_hw = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
+        self.n, self.co, self.nslots = n, co, threads + 1  # at most `threads` tasks at once
         # bands per image: TASKS_PER_THREAD per thread over the batch when the map has that
         # many MIN_BAND-row bands; a multiple of the threads when there are few of them (3 bands
         # of a 14x14 map on 2 threads: one thread computes two)
         tpi = min(max(1, oh // MIN_BAND), -(-TASKS_PER_THREAD * threads // n))
         if n * tpi < TASKS_PER_THREAD * threads and n * tpi > threads:
             tpi = max(1, (n * tpi // threads) * threads // n)
-        if n * tpi < threads:
-            tpi = min(oh, -(-threads // n))
-        erow = w * ce * 4
-        rsub = (L2_BUDGET - max(kh - sh, 0) * erow) // (sh * erow + ow * ce * 4)
-        rsub = max(1, min(rsub, -(-oh // tpi)))
-        ecap = (rsub - 1) * sh + kh
-        slot = -(-(ecap * w * ce + rsub * ow * ce) // 16) * 16
-        self.items, self.slot, self.n, self.co = n * tpi, slot, n, co
-        self.nslots = threads + 1  # at most `threads` tasks run at once: one slot always free
-        hp, wp, c = src
-        ew, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
-            expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w))
-        )
-        ep = None if ew is None else _panels(ew, nr)
-        q = np.arange(ecap * w, dtype=np.int64)
-        self.roi = ((q // w) * esh * wp + (q % w) * esw) * c  # from the row block's origin
-        self.roe = _rowoffs(rsub * ow, ce)
+        ep = None if expand is None else _panels(expand[0], nr)
+        pp = _panels(pw, nr)
         narrow = _panels(pw, nr // 2) if co <= nr // 2 else None  # gemm_narrow's panels
-        self.keep = (expand, dw, project, narrow, ep)  # the arrays the descriptor points into
-        d = np.zeros(D_WORDS, np.int64)
-        d[D_N], d[D_H], d[D_W] = n, h, w
-        d[D_XROW], d[D_XIMG] = esh * wp * c, hp * wp * c
-        d[D_SC], d[D_SH_IN], d[D_SW_IN], d[D_SPT], d[D_SPL] = c, hin, win, spt, spl
-        d[D_EKH], d[D_ESH] = ekh, esh
-        d[D_HAS_E] = expand is not None
-        if expand is not None:
-            d[D_EP], d[D_EB], d[D_EACT] = ep.ctypes.data, eb.ctypes.data, eact
-            d[D_ETAP], d[D_ENT], d[D_EKC] = etap.ctypes.data, etap.size, ekc
-        d[D_CE], d[D_DW], d[D_DB], d[D_KH], d[D_KW] = ce, wdw.ctypes.data, bdw.ctypes.data, kh, kw
-        d[D_SH], d[D_SW], d[D_PT], d[D_PL], d[D_DACT] = sh, sw, pt, pl, dact
-        d[D_OH], d[D_OW], d[D_PP], d[D_PB], d[D_CO], d[D_PACT] = oh, ow, pp.ctypes.data, \
-            pb.ctypes.data, co, pact  # fmt: skip
-        d[D_HAS_R], d[D_TPI], d[D_RSUB], d[D_SLOT] = has_res, tpi, rsub, slot
-        d[D_NSLOTS] = threads + 1
-        if narrow is not None:
-            d[D_NARROW], d[D_PPN] = 1, narrow.ctypes.data
-        d[D_ROI], d[D_ROE], d[D_TAP0] = (
-            self.roi.ctypes.data,
-            self.roe.ctypes.data,
-            _TAP0.ctypes.data,
-        )
-        d[D_MR], d[D_NR], d[D_KBLOCK], d[D_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
+        parts = 1  # channel parts: for 1x1 expands only (not the stem), wide projects
+        if ep is not None and n * tpi < threads and narrow is None and expand[3].size == 1:
+            parts = min(threads, ep.shape[0])
+        self.parts = parts
+        if parts == 1:  # bands of rows (thinner than MIN_BAND rows where the map is small)
+            if n * tpi < threads:
+                tpi = min(oh, -(-threads // n))
+            d, self.slot, self.keep = _describe(n, h, w, src, expand, ep, dw, stride, pads,
+                                                (pp, pb, co, pact, narrow), has_res, tpi, threads)  # fmt: skip
+            self.items, self.desc = n * tpi, d
+            return
+        # a small map on fewer images than threads (MobileNetV2's 14x14 and 7x7 blocks at
+        # batch 1): bands of rows would each expand the kh - sh rows around their boundary
+        # again (2 bands of a 7x7 map: 9 expanded rows for 7); instead each task is one
+        # image's block on a part of the expanded channels (the expand's panels, the depthwise
+        # channels and the project's rows of K), whose partial products the last adds up
+        descs, slots, keep = [], [], []
+        ew, eb, eact = expand[:3]
+        for k in range(parts):
+            j0, j1 = ep.shape[0] * k // parts, ep.shape[0] * (k + 1) // parts
+            c0, c1 = j0 * nr, min(ce, j1 * nr)
+            e_k = (None, np.ascontiguousarray(eb[c0:c1]), eact, *expand[3:])
+            dw_k = (np.ascontiguousarray(wdw[:, :, c0:c1]), np.ascontiguousarray(bdw[c0:c1]), dact)
+            pp_k = np.ascontiguousarray(pp[:, c0:c1])
+            pb_k = pb if k == 0 else np.zeros_like(pb)
+            d, slot, kp = _describe(n, h, w, src, e_k, ep[j0:j1], dw_k, stride, pads,
+                                    (pp_k, pb_k, co, 0, None), has_res and k == 0, 1, threads)  # fmt: skip
+            descs.append(d)
+            slots.append(slot)
+            keep.append((kp, e_k, dw_k, pp_k, pb_k))
+        self.slot, self.keep, self.items = max(slots), keep, n * parts
+        d = np.concatenate(descs)
+        for k in range(parts):
+            d[k * D_WORDS + D_SLOT] = self.slot
+        d[D_PARTS], d[D_SACT] = parts, pact
         self.desc = d
 
     def run(
@@ -399,14 +432,70 @@ class Plan:
         from ember.kernels.cpu import pool
 
         out = np.empty((self.n, *self.out_hw, self.co), np.float32)
-        scr, claims = _scratch(self.nslots * self.slot, self.nslots)
+        # an image's count of finished parts follows the slots' claim counts
+        scr, claims = _scratch(self.nslots * self.slot, self.nslots + self.n)
+        tmp = out if self.parts == 1 else _partials((self.parts - 1) * out.size)
         own = getattr(_local, "own", None)  # the job block for when another thread holds the pool's
         if own is None:
             own = _local.own = np.zeros(pool.CTRL_WORDS, np.int64)
         _STATE["go"](pool.ctrl(), own, self.desc, _STATE["fn"], self.items, x, out, scr, claims,
                      out if res is None else res, x if nchw is None else nchw, res is not None,
-                     nchw is not None)  # fmt: skip
+                     nchw is not None, tmp)  # fmt: skip
         return out
+
+
+def _describe(n, h, w, src, expand, ep, dw, stride, pads, project, has_res, tpi, threads):
+    """(descriptor, slot floats, arrays it points into) of bands tpi per image of a block;
+    ep: the expand's panels (None without an expand); project: (panels, bias, co, act,
+    gemm_narrow's panels or None)."""
+    g = G._state()
+    mr, nr = g["mr"], g["nr"]
+    wdw, bdw, dact = dw
+    kh, kw, ce = wdw.shape
+    (sh, sw), (pt, pb_, pl, pr) = stride, pads
+    pp, pb, co, pact, narrow = project
+    oh, ow = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
+    erow = w * ce * 4
+    rsub = (L2_BUDGET - max(kh - sh, 0) * erow) // (sh * erow + ow * ce * 4)
+    rsub = max(1, min(rsub, -(-oh // tpi)))
+    ecap = (rsub - 1) * sh + kh
+    slot = -(-(ecap * w * ce + rsub * ow * ce) // 16) * 16
+    hp, wp, c = src
+    _, eb, eact, etap, ekc, (esh, esw), (ekh, spt, spl, hin, win) = (
+        expand if expand is not None else (None, None, 0, _TAP0, ce, (1, 1), (1, 0, 0, h, w))
+    )
+    q = np.arange(ecap * w, dtype=np.int64)
+    roi = ((q // w) * esh * wp + (q % w) * esw) * c  # from the row block's origin
+    roe = _rowoffs(rsub * ow, ce)
+    keep = (expand, dw, project, narrow, ep, roi, roe)  # the arrays the descriptor points into
+    d = np.zeros(D_WORDS, np.int64)
+    d[D_N], d[D_H], d[D_W] = n, h, w
+    d[D_XROW], d[D_XIMG] = esh * wp * c, hp * wp * c
+    d[D_SC], d[D_SH_IN], d[D_SW_IN], d[D_SPT], d[D_SPL] = c, hin, win, spt, spl
+    d[D_EKH], d[D_ESH] = ekh, esh
+    d[D_HAS_E] = expand is not None
+    if expand is not None:
+        d[D_EP], d[D_EB], d[D_EACT] = ep.ctypes.data, eb.ctypes.data, eact
+        d[D_ETAP], d[D_ENT], d[D_EKC] = etap.ctypes.data, etap.size, ekc
+    d[D_CE], d[D_DW], d[D_DB], d[D_KH], d[D_KW] = ce, wdw.ctypes.data, bdw.ctypes.data, kh, kw
+    d[D_SH], d[D_SW], d[D_PT], d[D_PL], d[D_DACT] = sh, sw, pt, pl, dact
+    d[D_OH], d[D_OW], d[D_PP], d[D_PB], d[D_CO], d[D_PACT] = oh, ow, pp.ctypes.data, \
+        pb.ctypes.data, co, pact  # fmt: skip
+    d[D_HAS_R], d[D_TPI], d[D_RSUB], d[D_SLOT] = has_res, tpi, rsub, slot
+    d[D_NSLOTS], d[D_PARTS] = threads + 1, 1
+    if narrow is not None:
+        d[D_NARROW], d[D_PPN] = 1, narrow.ctypes.data
+    d[D_ROI], d[D_ROE], d[D_TAP0] = roi.ctypes.data, roe.ctypes.data, _TAP0.ctypes.data
+    d[D_MR], d[D_NR], d[D_KBLOCK], d[D_CHUNK] = mr, nr, G.K_BLOCK, G.CHUNK_PIXELS
+    return d, slot, keep
+
+
+def _partials(size: int) -> np.ndarray:
+    """This thread's array for the channel parts' partial products (grown, never shrunk)."""
+    buf = getattr(_local, "parts", None)
+    if buf is None or buf.size < size:
+        buf = _local.parts = np.empty(size, np.float32)
+    return buf
 
 
 def _panels(w, nr: int) -> np.ndarray:
