@@ -393,8 +393,10 @@ def _head(c, o, act, stride=1):
     inits = [_t("w", _r(o, c, 1, 1, scale=0.3)), _t("b", _r(o)), _t("g", _r(o)), _t("bb", _r(o)),
              _t("mu", _r(o)), _t("v", np.abs(_r(o)) + 0.5), _t("lo", np.float32(0)),
              _t("hi", np.float32(6)), _t("fc", _r(11, o)), _t("fb", _r(11))]  # fmt: skip
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride, stride]),
-             helper.make_node("BatchNormalization", ["y", "g", "bb", "mu", "v"], ["a0"])]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride, stride]),
+        helper.make_node("BatchNormalization", ["y", "g", "bb", "mu", "v"], ["a0"]),
+    ]
     if act is not None:
         nodes.append(helper.make_node(act[:4], ["a0", "lo", "hi"] if act == "Clip6" else ["a0"],
                                       ["a1"]))  # fmt: skip

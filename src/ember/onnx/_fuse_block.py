@@ -14,7 +14,12 @@ At run time the node checks, once per input shape, that the geometry is what the
 (stride-1 unpadded 1x1 project, channels that chain, a residual of the output's shape, a
 non-empty float32 batch) and otherwise runs the three fused convs one after the other, as
 before the rewrite. MobileNetV2 at batch 1: 3.8 -> 2.3-2.6 ms, batch 8 29.5 -> 15.5 (see
-docs/onnx.md, Speed)."""
+docs/onnx.md, Speed).
+
+A pointwise fused conv whose output only a ``GlobalAveragePoolFlatten`` reads (MobileNetV2's
+last conv, 320 -> 1280 at 7x7) becomes one ``FusedConvPool`` node on irblock's HeadPlan, whose
+tasks pool the conv's columns as they compute them; another geometry (a strided conv, an input
+it was not made for) runs the two nodes."""
 
 from __future__ import annotations
 

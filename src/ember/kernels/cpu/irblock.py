@@ -29,8 +29,24 @@ A project of at most NR/2 output channels (the first block's 32 -> 16) runs on g
 rows (panels of one vector, whole K per tile): on NR-wide panels half its multiply-adds were
 padding (that block 256 -> 207 us alone, 2 threads, with the first version of these kernels).
 
+A map of fewer bands than threads (MobileNetV2's 14x14 and 7x7 blocks at batch 1, 2 threads)
+is not cut into bands thinner than MIN_BAND: two bands of a 7x7 map expand 9 rows for 7 (the
+rows around the boundary twice), and those blocks ran only 1.53-1.75x faster on 2 threads than
+on one. There each task is one image's block on a part of the expanded channels (the expand's
+panels, those depthwise channels, the project's rows of K), writing a partial product (the
+first part's with bias and residual into the output, the others' into arrays of their own);
+the last part of an image to finish adds the others' in and applies the project's activation.
+Those blocks then ran 1.81-1.95x faster on 2 threads than on one (each block alone, 2 threads:
+nodes 6-16 of MobileNetV2 b1 1030 -> 861 us in sum; ad-hoc timing, medians of 300 calls).
+
+``HeadPlan`` is MobileNetV2's last 1x1 conv (320 -> 1280 at 7x7) when only a global average
+pool reads it: tasks over groups of its weight's panels compute their columns into a reused
+per-thread scratch slot and sum them over each image's pixels themselves, so the conv's
+output never goes through memory and the pool is no node of its own (in the network at batch
+1: conv + pool 199-230 us -> 139-148, ad-hoc A/B of the two graphs in one process).
+
 Where the kernels or the pool do not run, ``state()`` is None and the caller runs the three
-layers.
+layers (and the head its two nodes).
 """
 
 from __future__ import annotations
@@ -392,8 +408,10 @@ class Plan:
         if parts == 1:  # bands of rows (thinner than MIN_BAND rows where the map is small)
             if n * tpi < threads:
                 tpi = min(oh, -(-threads // n))
-            d, self.slot, self.keep = _describe(n, h, w, src, expand, ep, dw, stride, pads,
-                                                (pp, pb, co, pact, narrow), has_res, tpi, threads)  # fmt: skip
+            proj = (pp, pb, co, pact, narrow)
+            d, self.slot, self.keep = _describe(
+                n, h, w, src, expand, ep, dw, stride, pads, proj, has_res, tpi, threads
+            )
             self.items, self.desc = n * tpi, d
             return
         # a small map on fewer images than threads (MobileNetV2's 14x14 and 7x7 blocks at
@@ -402,7 +420,7 @@ class Plan:
         # image's block on a part of the expanded channels (the expand's panels, the depthwise
         # channels and the project's rows of K), whose partial products the last adds up
         descs, slots, keep = [], [], []
-        ew, eb, eact = expand[:3]
+        eb, eact = expand[1], expand[2]
         for k in range(parts):
             j0, j1 = ep.shape[0] * k // parts, ep.shape[0] * (k + 1) // parts
             c0, c1 = j0 * nr, min(ce, j1 * nr)
@@ -410,8 +428,11 @@ class Plan:
             dw_k = (np.ascontiguousarray(wdw[:, :, c0:c1]), np.ascontiguousarray(bdw[c0:c1]), dact)
             pp_k = np.ascontiguousarray(pp[:, c0:c1])
             pb_k = pb if k == 0 else np.zeros_like(pb)
-            d, slot, kp = _describe(n, h, w, src, e_k, ep[j0:j1], dw_k, stride, pads,
-                                    (pp_k, pb_k, co, 0, None), has_res and k == 0, 1, threads)  # fmt: skip
+            proj = (pp_k, pb_k, co, 0, None)  # no activation before the parts are added
+            d, slot, kp = _describe(
+                n, h, w, src, e_k, ep[j0:j1], dw_k, stride, pads, proj, has_res and k == 0, 1,
+                threads,
+            )  # fmt: skip
             descs.append(d)
             slots.append(slot)
             keep.append((kp, e_k, dw_k, pp_k, pb_k))
