@@ -69,7 +69,7 @@ def _gemm_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
     nkb = (nt + g - 1) // g if ncs == 1 else nt * ncs
     lo_act = np.float32(-np.inf if act == 0 else 0.0)
     hi_act = np.float32(6.0 if act == 2 else np.inf)
-    last_flags = (6 if has_res & 1 else 2) | (has_res & 8)  # 8: streaming stores
+    last_flags = (6 if has_res & 1 else 2) | (has_res & 24)  # 8: streaming stores, 16: rows first
     for task in range(r0, r1):
         tm, tp = task // tasks_p, task % tasks_p
         q0 = tm * rows
@@ -257,7 +257,8 @@ def gemm_params(
     r = out if res is None else res
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
-         bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0), act,
+         bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0)
+         | G.rows_first(m, o), act,
          out.ctypes.data, mr, tasks_p, rows, G.k_block(panels, kk), m, o, panels, kk, nr,
          len(tapoff)],
         np.int64,
