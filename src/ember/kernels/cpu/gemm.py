@@ -411,15 +411,20 @@ def _driver_py(
     nkb = (nt + g - 1) // g if ncs == 1 else nt * ncs
     lo_act = np.float32(-np.inf if act == 0 else 0.0)
     hi_act = np.float32(6.0 if act == 2 else np.inf)
-    last_flags = (6 if has_res & 1 else 2) | (has_res & 24)  # 8: stream, 16: ROWS_FIRST
+    last_flags = (6 if has_res & 1 else 2) | (has_res & 8)  # 8: stream the output
+    rows_first = has_res & ROWS_FIRST and nkb == 1 and panels > 1 and tasks_p == 1
     for task in prange(tasks_m * tasks_p):  # static: a thread gets the same rows every layer
         tm, tp = task // tasks_p, task % tasks_p
         m0 = min(m_total, (tiles * tm // tasks_m) * mr)
         m1 = min(m_total, (tiles * (tm + 1) // tasks_m) * mr)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
         for q0 in range(m0, m1, chunk):
-            _block(q0, min(q0 + chunk, m1), j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr,
-                   nt, kc, g, ncs, nkb, mr, last_flags, lo_act, hi_act)  # fmt: skip
+            if rows_first:
+                _rows_first(q0, min(q0 + chunk, m1), panels, aa, ra, ta, ba, oa, bsa, rsa, o,
+                            kk, nr, nt, kc, mr, last_flags, lo_act, hi_act)  # fmt: skip
+            else:
+                _block(q0, min(q0 + chunk, m1), j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr,
+                       nt, kc, g, ncs, nkb, mr, last_flags, lo_act, hi_act)  # fmt: skip
 
 
 def _block_py(
@@ -452,10 +457,6 @@ def _block_py(
     residual and activation (last_flags, lo_act..hi_act). Addresses: aa (A), ra/ta (row and
     tap offsets), ba (panels), oa (out), bsa (bias), rsa (residual)."""
     ntiles = (q1 - q0 + mr - 1) // mr
-    if last_flags & ROWS_FIRST and nkb == 1 and j0 == 0 and j1 > 1 and j1 * nr >= o:
-        _rows_first(q0, q1, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, mr, last_flags,
-                    lo_act, hi_act)  # fmt: skip
-        return
     for j in range(j0, j1):
         n0 = j * nr
         nc = min(nr, o - n0)
@@ -467,7 +468,7 @@ def _block_py(
                 t0, s = kb // ncs, kb % ncs
                 t1, c0, c1 = t0 + 1, s * kc // ncs, (s + 1) * kc // ncs
             last = kb == nkb - 1
-            flags = (1 if kb > 0 else 0) | (last_flags & 15 if last else 0)
+            flags = (1 if kb > 0 else 0) | (last_flags if last else 0)
             lo = lo_act if last else np.float32(-np.inf)
             hi = hi_act if last else np.float32(np.inf)
             bk = ba + ((j * kk + t0 * kc + c0) * nr) * 4
@@ -486,11 +487,12 @@ def _block_py(
 def _rows_first_py(
     q0, q1, panels, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, mr, last_flags, lo_act, hi_act
 ):  # pragma: no cover - compiled
-    """``_block``'s rows [q0, q1) by all of its panels, K in one block, tile by tile: each
+    """``_block``'s work for rows [q0, q1) by all panels, K in one block, tile by tile: each
     tile's output and residual rows are one contiguous run, and those of the tile PF_TILES on
     are prefetched while this one computes (the residual, or the output when there is none, by
     the microkernel's prefetch; the output beside a residual by ``_prefetch``). Stores are
-    plain (a streaming flag is dropped): see ROWS_FIRST_BYTES."""
+    plain (a streaming flag is dropped): see ROWS_FIRST_BYTES. The drivers call it in place of
+    ``_block`` for products ``rows_first`` marks."""
     flags = last_flags & 7
     lines = (mr * o * 4 // 64 + panels - 1) // panels  # of a tile's rows, per panel
     for p in range(q0, q1, mr):
@@ -498,7 +500,7 @@ def _rows_first_py(
         for j in range(panels):
             n0 = j * nr
             off = (p * o + n0) * 4
-            if last_flags & 4:  # rsa is the output's address when there is no residual
+            if last_flags & 4:  # a residual: the output's lines here (else rsa is the output)
                 _prefetch(oa + ahead + j * lines * 64, lines)
             args = (aa, ra + p * 8, ta, nt, kc, ba + (j * kk * nr) * 4, oa + off, o)
             args2 = (min(nr, o - n0), bsa + n0 * 4, rsa + off, flags, lo_act, hi_act)
