@@ -58,6 +58,7 @@ def test_avx2_microkernels_match_reference_in_a_fresh_process():
         "assert t.NR == 16, t.NR\n"
         "for case in t.CONV_CASES:\n"
         "    t.test_conv_gemm_matches_reference(*case, 2, True)\n"
+        "    t.test_rows_first_order_matches_reference(*case, 2, True)\n"
         "t.test_linear_rows_match_reference(13, 33, 65)\n"
         "t.test_activations_keep_nan_like_torch()\n"
         "t.test_linear_kernel_matches_reference()\n"
@@ -89,6 +90,20 @@ def test_conv_gemm_matches_reference(n, h, w, c, o, k, s, pad, threads, parallel
         _conv_gemm_case(n, h, w, c, o, k, s, pad, threads)
     finally:
         G.SERIAL_BELOW = old
+
+
+@pytest.mark.parametrize("n,h,w,c,o,k,s,pad", CONV_CASES + [(2, 13, 11, 64, 2 * NR + 5, 1, 1, 0)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_rows_first_order_matches_reference(n, h, w, c, o, k, s, pad, threads, parallel):
+    """Every product in the rows-first order (ROWS_FIRST_BYTES 0): tiles across all panels with
+    the residual/output prefetches, where K is one block and a task has all panels."""
+    old = G.SERIAL_BELOW, G.ROWS_FIRST_BYTES
+    G.SERIAL_BELOW, G.ROWS_FIRST_BYTES = (0 if parallel else old[0]), 0
+    try:
+        _conv_gemm_case(n, h, w, c, o, k, s, pad, threads)
+    finally:
+        G.SERIAL_BELOW, G.ROWS_FIRST_BYTES = old
 
 
 def _conv_gemm_case(n, h, w, c, o, k, s, pad, threads):
@@ -289,10 +304,13 @@ def test_products_from_several_threads_at_once_on_the_pool():
 @pytest.mark.parametrize(
     "o,with_res,k", [(NR * 4, True, 24), (NR * 4 + NR // 2, False, 300), (NR + 3, True, 40)]
 )
-def test_streamed_output_matches_reference(o, with_res, k, threads, monkeypatch):
+@pytest.mark.parametrize("rows_first", [1 << 40, 0])
+def test_streamed_output_matches_reference(o, with_res, k, threads, rows_first, monkeypatch):
     """Outputs of STREAM_BYTES or more, rows on cache lines: non-temporal stores for the full
-    panels (masked ones for a partial last panel), after K blocks too (k > K_BLOCK)."""
+    panels (masked ones for a partial last panel), after K blocks too (k > K_BLOCK); in the
+    rows-first order (rows_first 0) the streaming flag is dropped."""
     monkeypatch.setattr(G, "STREAM_BYTES", 1 << 16)
+    monkeypatch.setattr(G, "ROWS_FIRST_BYTES", rows_first)
     m = 1000
     a = RNG.standard_normal(m * k).astype(np.float32)
     rowoff = np.arange(m, dtype=np.int64) * k

@@ -212,6 +212,52 @@ def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     assert "Relu" in _ops(fast)  # y2 has two readers: its Relu is not fused into the conv
 
 
+@pytest.mark.parametrize("o", [37, 64])
+def test_residual_that_dies_with_its_conv_is_written_over(o, monkeypatch):
+    """A residual read last by its fused conv, a fused conv's own output read only by fused
+    convs, takes the conv's output (onnx._fuse_conv.donate); one also read later, a graph
+    output, or a graph input does not; every call (the second takes the donating path) agrees
+    with the plain graph."""
+    c, mid = 5, 11
+    inits = [_t("wa", _r(o, c, 1, 1)), _t("wb", _r(mid, o, 1, 1, scale=0.3)),
+             _t("wc", _r(o, mid, 1, 1, scale=0.3)), _t("bc", _r(o)),
+             _t("wd", _r(o, o, 1, 1, scale=0.2)), _t("we", _r(o, o, 1, 1, scale=0.2)),
+             _t("wf", _r(o, o, 1, 1, scale=0.2)), _t("wg", _r(o, c, 1, 1))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"]),
+        helper.make_node("Relu", ["a"], ["h0"]),
+        helper.make_node("Conv", ["h0", "wb"], ["b"]),
+        helper.make_node("Relu", ["b"], ["br"]),
+        helper.make_node("Conv", ["br", "wc", "bc"], ["cc"]),
+        helper.make_node("Add", ["cc", "h0"], ["s1"]),  # h0 dies here: written over
+        helper.make_node("Relu", ["s1"], ["h1"]),
+        helper.make_node("Conv", ["h1", "wd"], ["d"], strides=[2, 2]),
+        helper.make_node("Conv", ["h1", "we"], ["e"], strides=[2, 2]),
+        helper.make_node("Add", ["d", "e"], ["h2"]),  # e dies here (strided, a downsample's)
+        helper.make_node("Conv", ["h2", "wf"], ["f"]),
+        helper.make_node("Add", ["f", "h2"], ["h3"]),  # h2 is read later: kept
+        helper.make_node("ReduceMean", ["h2"], ["m2"], axes=[2, 3], keepdims=1),
+        helper.make_node("Add", ["h3", "m2"], ["h4"]),
+        helper.make_node("Conv", ["x", "wg"], ["g"]),
+        helper.make_node("Add", ["g", "r"], ["out"]),  # r is a graph input: kept
+    ]
+    from ember.kernels.cpu import conv as K
+
+    over, ran = K.fused_conv2d_over_residual, []
+    monkeypatch.setattr(K, "fused_conv2d_over_residual",
+                        lambda *a, **k: ran.append(over(*a, **k)) or ran[-1])  # fmt: skip
+    feeds = [{"x": _r(n, c, 9, 7), "r": _r(n, o, 9, 7)} for n in (2, 2, 3, 3)]
+    m = _model(nodes, [("x", F32, ["n", c, 9, 7]), ("r", F32, ["n", o, 9, 7])], ["h4", "out"],
+               inits)  # fmt: skip
+    fast = _both(m, feeds)
+    donated = {nd.outputs[0] for nd in fast.graph.nodes if getattr(nd.fn, "donate", False)}
+    assert donated == {"h1", "h2"}
+    assert len(ran) == 4 and all(y is not None for y in ran) or not G.microkernels_available()
+    r = feeds[0]["r"].copy()
+    fast.run(feeds[0])
+    np.testing.assert_array_equal(feeds[0]["r"], r)  # a graph input is never written
+
+
 @pytest.mark.parametrize("k,s,pads,bias,o", [(2, 2, [0, 0, 0, 0], True, 7), (3, 3, [0, 0, 0, 0], False, 7),
                                              (2, 1, [0, 0, 0, 0], True, 7), (2, 2, [1, 0, 1, 0], True, 7),
                                              (2, 2, [0, 0, 0, 0], True, 1), (3, 3, [0, 0, 0, 0], False, 1),

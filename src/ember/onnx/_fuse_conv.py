@@ -119,6 +119,7 @@ class _ConvRun:
         self.scale, self.shift = post
         self.k = list(w.shape[2:]) if nd == 2 else [w.shape[3]]
         self._seen: dict = {}  # (input shape, dtype, residual's) -> fused_conv2d's keywords
+        self.donate = False  # the residual dies here: the GEMM may write over it (donate())
 
     def __call__(self, at, x: Tensor, res: Tensor | None = None) -> Tensor:
         # the common case, a float32 input of a shape seen before (and a residual of the
@@ -135,6 +136,11 @@ class _ConvRun:
                 return y.squeeze(2)
             if res is None:
                 return FusedConv.apply(x, self.w, self.b, **hit)
+            if self.donate:
+                y = K.fused_conv2d_over_residual(x._data, self.w._data, self.b._data,
+                                                 res._data, **hit)  # fmt: skip
+                if y is not None:
+                    return Tensor._wrap(y)
             return FusedConv.apply(x, self.w, self.b, res, **hit)
         y, kw = self._run(x, res)
         if kw is not None and x._data.dtype == _F32 and len(self._seen) < _SEEN_MAX:
@@ -462,3 +468,40 @@ def fuse(rw: Rewriter) -> None:
     from ember.onnx import _fuse_block
 
     _fuse_block.fuse(rw)  # then MobileNetV2's inverted-residual blocks: one node each
+
+
+def donate(graph) -> None:
+    """Mark the fused convs whose residual dies with them (``_ConvRun.donate``): their GEMM
+    writes its output over the residual (kernels.cpu.conv.fused_conv2d_over_residual).
+
+    A normally stored output first reads each of its lines in, and ResNet-50 b8's 56x56x256
+    residual blocks (25.7 MB out, 25.7 MB residual) paid that read on top of the residual's:
+    written over the residual, each line is read once and written back. The residual must be
+    a fused conv's own output (a fresh array, no other value a view of it), not a graph input
+    or output, read only by fused convs (none keeps a view of it), this node its last reader,
+    and not also its conv's input.
+    """
+    from ember.onnx._graph import _subgraphs
+
+    nodes = graph.nodes
+    if any(_subgraphs(nd) for nd in nodes):
+        return  # values read inside subgraphs: not worth following
+    producer = {o: nd for nd in nodes for o in nd.outputs if o}
+    readers: dict[str, list] = {}
+    for nd in nodes:
+        for name in nd.inputs:
+            readers.setdefault(name, []).append(nd)
+    last = graph._liveness()
+    keep = set(graph.outputs) | set(graph.inputs) | set(graph.constants)
+    for i, nd in enumerate(nodes):
+        run = nd.fn
+        if nd.op != "FusedConv" or not isinstance(run, _ConvRun) or len(nd.inputs) != 2:
+            continue
+        r = nd.inputs[1]
+        src = producer.get(r)
+        if not r or r in keep or r == nd.inputs[0] or last.get(r) != i or src is None:
+            continue
+        if src.op != "FusedConv" or not isinstance(src.fn, _ConvRun):
+            continue
+        if all(u.op == "FusedConv" and isinstance(u.fn, _ConvRun) for u in readers[r]):
+            run.donate = True

@@ -218,4 +218,5 @@ def optimize(graph: Graph) -> Graph:
     _fuse_dense.fuse(rw)
     memoize_static(rw)
     rw.finish()
+    _fuse_conv.donate(graph)
     return graph

@@ -99,6 +99,7 @@ def _isa(features: dict) -> str | None:
 
 
 UNROLL = 4  # k steps per trip of the microkernel's inner loop (then single steps)
+PF_TILES = 2  # the rows-first order prefetches the residual and output rows this many tiles on
 PF_EVERY = 2  # one prefetch of the next block per this many k steps
 
 
@@ -262,7 +263,24 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
 def _microkernels_ir(w: int, nv: int) -> list[str]:
     """The microkernels for 1..MR_MAX rows and the shared task counter."""
     parts = [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
-    parts += [  # the task counter parallel kernels share (numba has no atomics)
+    parts += [  # n cache lines from address ai into L1 for writing (the rows-first order's)
+        "define void @ember_sgemm_prefetch(i64 %ai, i64 %n) {",
+        "entry:",
+        "  %z = icmp sle i64 %n, 0",
+        "  br i1 %z, label %done, label %loop",
+        "loop:",
+        "  %i = phi i64 [0, %entry], [%i1, %loop]",
+        "  %off = shl i64 %i, 6",
+        "  %ad = add i64 %ai, %off",
+        "  %p = inttoptr i64 %ad to ptr",
+        "  call void @llvm.prefetch.p0(ptr %p, i32 1, i32 3, i32 1)",
+        "  %i1 = add i64 %i, 1",
+        "  %c = icmp slt i64 %i1, %n",
+        "  br i1 %c, label %loop, label %done",
+        "done:",
+        "  ret void",
+        "}",
+        # the task counter parallel kernels share (numba has no atomics)
         "define i64 @ember_sgemm_fetch_add(i64 %pi, i64 %v) {",
         "  %p = inttoptr i64 %pi to ptr",
         "  %old = atomicrmw add ptr %p, i64 %v seq_cst",
@@ -326,7 +344,8 @@ prange = range  # numba.prange
 _k1 = _k2 = _k3 = _k4 = _k5 = _k6 = _k7 = _k8 = _k9 = _k10 = _k11 = _k12 = (
     None  # the microkernels (ExternalFunction)
 )
-_micro = _block = None  # _micro_py, _block_py compiled
+_micro = _block = _rows_first = None  # _micro_py, _block_py, _rows_first_py compiled
+_prefetch = None  # ember_sgemm_prefetch (ExternalFunction)
 
 
 def _micro_py(m, args):  # pragma: no cover - compiled
@@ -393,14 +412,19 @@ def _driver_py(
     lo_act = np.float32(-np.inf if act == 0 else 0.0)
     hi_act = np.float32(6.0 if act == 2 else np.inf)
     last_flags = (6 if has_res & 1 else 2) | (has_res & 8)  # 8: stream the output
+    rows_first = has_res & ROWS_FIRST and nkb == 1 and panels > 1 and tasks_p == 1
     for task in prange(tasks_m * tasks_p):  # static: a thread gets the same rows every layer
         tm, tp = task // tasks_p, task % tasks_p
         m0 = min(m_total, (tiles * tm // tasks_m) * mr)
         m1 = min(m_total, (tiles * (tm + 1) // tasks_m) * mr)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
         for q0 in range(m0, m1, chunk):
-            _block(q0, min(q0 + chunk, m1), j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr,
-                   nt, kc, g, ncs, nkb, mr, last_flags, lo_act, hi_act)  # fmt: skip
+            if rows_first:
+                _rows_first(q0, min(q0 + chunk, m1), panels, aa, ra, ta, ba, oa, bsa, rsa, o,
+                            kk, nr, nt, kc, mr, last_flags, lo_act, hi_act)  # fmt: skip
+            else:
+                _block(q0, min(q0 + chunk, m1), j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr,
+                       nt, kc, g, ncs, nkb, mr, last_flags, lo_act, hi_act)  # fmt: skip
 
 
 def _block_py(
@@ -460,6 +484,29 @@ def _block_py(
                 pf += per_tile * 64
 
 
+def _rows_first_py(
+    q0, q1, panels, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, mr, last_flags, lo_act, hi_act
+):  # pragma: no cover - compiled
+    """``_block``'s work for rows [q0, q1) by all panels, K in one block, tile by tile: each
+    tile's output and residual rows are one contiguous run, and those of the tile PF_TILES on
+    are prefetched while this one computes (the residual, or the output when there is none, by
+    the microkernel's prefetch; the output beside a residual by ``_prefetch``). Stores are
+    plain (a streaming flag is dropped): see ROWS_FIRST_BYTES. The drivers call it in place of
+    ``_block`` for products ``rows_first`` marks."""
+    flags = last_flags & 7
+    lines = (mr * o * 4 // 64 + panels - 1) // panels  # of a tile's rows, per panel
+    for p in range(q0, q1, mr):
+        ahead = ((p + PF_TILES * mr) * o) * 4
+        for j in range(panels):
+            n0 = j * nr
+            off = (p * o + n0) * 4
+            if last_flags & 4:  # a residual: the output's lines here (else rsa is the output)
+                _prefetch(oa + ahead + j * lines * 64, lines)
+            args = (aa, ra + p * 8, ta, nt, kc, ba + (j * kk * nr) * 4, oa + off, o)
+            args2 = (min(nr, o - n0), bsa + n0 * 4, rsa + off, flags, lo_act, hi_act)
+            _micro(min(mr, q1 - p), args + args2 + (rsa + ahead + j * lines * 64, lines))
+
+
 def _build_driver(nb):
     from numba import types
 
@@ -468,8 +515,10 @@ def _build_driver(nb):
     sig = types.void(*([i64] * 12), types.float32, types.float32, i64, i64)
     for i in range(1, MR_MAX + 1):
         g[f"_k{i}"] = types.ExternalFunction(f"ember_sgemm_{i}", sig)
+    g["_prefetch"] = types.ExternalFunction("ember_sgemm_prefetch", types.void(i64, i64))
     g["prange"] = nb.prange
     g["_micro"] = nb.njit(nogil=True, cache=True)(_micro_py)
+    g["_rows_first"] = nb.njit(nogil=True, cache=True)(_rows_first_py)
     g["_block"] = nb.njit(nogil=True, cache=True)(_block_py)
     serial = nb.njit(nogil=True, cache=True)(renamed(_driver_py, "serial"))
     return nb.njit(nogil=True, cache=True, parallel=True)(_driver_py), serial
@@ -486,7 +535,8 @@ def _state():
         _STATE["isa"] = isa
         if isa is not None:
             w, nv, mr = ISAS[isa]
-            names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)] + ["ember_sgemm_fetch_add"]
+            names = [f"ember_sgemm_{m}" for m in range(1, MR_MAX + 1)]
+            names += ["ember_sgemm_fetch_add", "ember_sgemm_prefetch"]
             _STATE.update(engine=jit_ir(_microkernels_ir(w, nv), names), nr=nv * w, mr=mr)
             _STATE["driver"], _STATE["serial"] = _build_driver(nb)
     return _STATE
@@ -556,8 +606,29 @@ CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays 
 # conv outputs of this many bytes or more are written with non-temporal stores: they go back to
 # memory before the next layer reads them anyway (ResNet-50 b8's 56x56x256 maps: 25.7 MB), and
 # a normal store first reads each line in. ResNet-50 b8, per node in the network (ad hoc, 5
-# passes): its 1x1 64 -> 256 convs 4.2-4.6 -> 3.5-4.2 ms, 128 -> 512 3.0-3.2 -> 2.6-2.9
+# passes): its 1x1 64 -> 256 convs 4.2-4.6 -> 3.5-4.2 ms, 128 -> 512 3.0-3.2 -> 2.6-2.9.
+# Products in the rows-first order (ROWS_FIRST_BYTES) store plainly: prefetching won there
 STREAM_BYTES = 1 << 24
+# Products whose output has this many bytes or more, K in one block (at most K_BLOCK) and a
+# task over all panels, run each tile of MR rows across all panels (``_rows_first``) instead of
+# each panel down the task's rows: a tile's output and residual rows are then one contiguous
+# run, and those PF_TILES tiles on are prefetched while it computes. Panel by panel, a tile's
+# 12 rows x 128 bytes at the output's row stride missed the hardware prefetchers, and the
+# microkernel stalled on every output line's read-for-ownership and residual line. ResNet-50
+# b8's 1x1 64 -> 256 conv + residual + ReLU (25088 rows), alone, one thread: 8.2 -> 4.1 ms (its
+# in-cache speed); streaming stores there (STREAM_BYTES) took 7.3 ms, so this order stores
+# plainly. The whole network, 2 threads, one process alternating (median of 20): streamed
+# 157.0 / 150.1 ms, plain 144.6 / 141.8. Below this size the output is cache-resident (ResNet-50
+# b1's largest is 3.2 MB) and the panel order, which keeps each panel's B in L1, stays.
+ROWS_FIRST_BYTES = 4 << 20
+ROWS_FIRST = 16  # the flag (in the has_res word, with the streaming stores' 8)
+
+
+def rows_first(m: int, o: int) -> int:
+    """ROWS_FIRST for an (m, o) float32 output of ROWS_FIRST_BYTES or more, else 0."""
+    return ROWS_FIRST if m * o * 4 >= ROWS_FIRST_BYTES else 0
+
+
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
 
 
@@ -609,14 +680,14 @@ def gemm(
     if m == 0:
         return out
     panels, mr = packed.shape[0], st["mr"]
-    # has_res's word also carries the streaming stores' flag (8)
+    # has_res's word also carries the streaming stores' flag (8) and ROWS_FIRST (16)
     stream = (
         stream
         and out.nbytes >= STREAM_BYTES
         and out.ctypes.data % 64 == 0
         and (o * 4) % (ISAS[st["isa"]][0] * 4) == 0
     )
-    flags = int(res is not None) | (8 if stream else 0)
+    flags = int(res is not None) | (8 if stream else 0) | rows_first(m, o)
     small = m * o * packed.shape[1] < SERIAL_BELOW and packed.nbytes < SERIAL_MAX_WEIGHT_BYTES
     if threads == 1 or small:  # waking the workers costs more
         st["serial"](

@@ -35,7 +35,7 @@ TASK_MACS = 1 << 23  # (depthwise tasks: 1/32 of it, ~8 x slower per multiply-ad
 
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _run = _acquire = _dw_rows = _post_rows = _maxpool_rows = None
+_ld = _vptr = _block = _rows_first = _run = _acquire = _dw_rows = _post_rows = _maxpool_rows = None
 _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 
@@ -70,13 +70,18 @@ def _gemm_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
     lo_act = np.float32(-np.inf if act == 0 else 0.0)
     hi_act = np.float32(6.0 if act == 2 else np.inf)
     last_flags = (6 if has_res & 1 else 2) | (has_res & 8)  # 8: streaming stores
+    rows_first = has_res & G.ROWS_FIRST and nkb == 1 and panels > 1 and tasks_p == 1
     for task in range(r0, r1):
         tm, tp = task // tasks_p, task % tasks_p
         q0 = tm * rows
         q1 = min(m_total, q0 + rows)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
-        _block(q0, q1, j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, g, ncs, nkb, mr,
-               last_flags, lo_act, hi_act)  # fmt: skip
+        if rows_first:  # gemm.ROWS_FIRST_BYTES
+            _rows_first(q0, q1, panels, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, mr,
+                        last_flags, lo_act, hi_act)  # fmt: skip
+        else:
+            _block(q0, q1, j0, j1, aa, ra, ta, ba, oa, bsa, rsa, o, kk, nr, nt, kc, g, ncs, nkb,
+                   mr, last_flags, lo_act, hi_act)  # fmt: skip
 
 
 def _dw_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -151,6 +156,7 @@ def _build(nb) -> dict:
     g = globals()
     i64 = types.int64
     g.update(_ld=ld, _vptr=vptr, _block=G.block_kernel(), carray=nb.carray)
+    g.update(_rows_first=G._rows_first)
     from ember.kernels.cpu import dwconv
 
     # the depthwise rows on dwconv's vector kernels (they build wherever the GEMM's do)
@@ -257,7 +263,8 @@ def gemm_params(
     r = out if res is None else res
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
-         bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0), act,
+         bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0)
+         | G.rows_first(m, o), act,
          out.ctypes.data, mr, tasks_p, rows, G.k_block(panels, kk), m, o, panels, kk, nr,
          len(tapoff)],
         np.int64,
