@@ -28,7 +28,8 @@ the zoo's shapes with numpy's OpenBLAS and torch: per product it is level with O
 on small-M and conv shapes, where OpenBLAS packs A and needs an im2col) and 3-25% behind
 torch's MKL/oneDNN; in a whole network it wins by never repacking and never copying.
 The microkernels are registered as symbols that a numba driver (``_driver_py``) calls; it
-blocks K so that the panel rows in use stay in L1 (see its docstring). Small products run it on
+blocks K so that the panel rows in use stay in L1 (see its docstring; a linear's K is one block,
+``linear_k_block``: the accumulators' reloads cost more there). Small products run it on
 the calling thread; larger ones are cut into tasks (blocks of pixels times groups of panels)
 that ember's worker pool hands out by work claiming (kernels.cpu.pool_tasks: a preempted thread
 never holds the product up, as numba's barrier did on a busy machine).
