@@ -282,6 +282,31 @@ def test_a_mask_that_keeps_every_key_is_no_mask():
     _close(A.attention(q, k, v, 2, 0.3, key_mask=keep), _torch(q, k, v, 2, 0.3, None))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_kept_job_serves_the_next_calls_and_yields_to_other_shapes(threads):
+    """A call without a mask runs the job kept from the last call with the same layouts (new q,
+    k, v and a fresh output each time); a call of other shapes in between takes the workspace's
+    buffers, and the next call builds its job again. Per-head tasks and the pack job."""
+    old = ember.get_num_threads()
+    ember.set_num_threads(threads)
+    try:
+        for b, lq, s, h, d, fused in [(1, 128, 128, 12, 32, True), (2, 30, 600, 2, 32, True),
+                                      (1, 40, 53, 2, 16, False)]:  # fmt: skip
+            first = None
+            for _ in range(3):
+                q, k, v = _qkv(b, lq, s, h, d, fused)
+                out = A.attention(q, k, v, h, 0.3)
+                _close(out, _torch(q, k, v, h, 0.3, None))
+                if first is None:
+                    first, kept = out, out.copy()
+                q2, k2, v2 = _qkv(2, 17, 31, 3, 16, False)
+                _close(A.attention(q2, k2, v2, 3, 0.5), _torch(q2, k2, v2, 3, 0.5, None))
+            assert np.array_equal(first, kept)  # later calls wrote their own outputs
+        assert A._plans()
+    finally:
+        ember.set_num_threads(old)
+
+
 def test_large_scores_do_not_overflow():
     q, k, v = _qkv(1, 30, 40, 2, 16, False)
     q *= 40.0  # scores in the thousands: exp must see (s - max)

@@ -142,6 +142,28 @@ def test_linear_products_on_the_pool_by_panels_or_by_row_blocks(m):
         ember.set_num_threads(old)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,o", [(7, 301, 2 * NR + 3), (130, 1537, 8 * NR + 5), (300, 777, 37)])
+@pytest.mark.parametrize("k_max", [None, 100])
+def test_linear_k_in_one_block_or_in_blocks(m, k, o, threads, k_max, monkeypatch):
+    """A linear's K is one block up to LINEAR_K_BLOCK_MAX channels (longer: blocks of K_BLOCK
+    that accumulate in the output), on the calling thread and on the pool, with a residual."""
+    if k_max is not None:
+        monkeypatch.setattr(G, "LINEAR_K_BLOCK_MAX", k_max)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    pw, b = G.PackedWeight(w), RNG.standard_normal(o).astype(np.float32)
+    old = ember.get_num_threads()
+    ember.set_num_threads(threads)
+    try:
+        x = RNG.standard_normal((m, k)).astype(np.float32)
+        res = RNG.standard_normal((m, o)).astype(np.float32)
+        got = G.linear_packed_residual(x, pw, b, res)
+        want = x.astype(np.float64) @ w.T.astype(np.float64) + b + res
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-3)
+    finally:
+        ember.set_num_threads(old)
+
+
 def test_activations_keep_nan_like_torch():
     a = np.array([np.nan, 1.0, -1.0, 7.0], np.float32)  # four rows of one feature
     out = np.empty((4, 1), np.float32)

@@ -701,6 +701,22 @@ def test_attention_with_head_split_and_merge_as_one_op(mask, q_mul, b, lq, s, mo
     assert bool(calls) == direct  # the kernel on the (B, L, H*D) values, or the replay
 
 
+def test_attention_heads_node_called_again_with_other_shapes_and_masks():
+    """The heads node keeps its checks for the last shapes and reshape targets and its key mask
+    for the last mask: calls with other batch sizes and lengths, and masks that drop keys or
+    keep them all, stay exact."""
+    h, d = 3, 8
+    m = _heads_model(h, d, True, False, [0, -1, h, d], [0, 0, -1])
+    feeds = []
+    for b, lq in ((2, 9), (2, 9), (1, 12), (2, 9), (2, 9)):
+        x = {"xq": _r(b, lq, h * d), "xk": _r(b, lq, h * d), "xv": _r(b, lq, h * d)}
+        feeds.append({**x, "m": _mask("keys", b, lq, lq)})
+    feeds[1]["m"] = np.zeros_like(feeds[1]["m"])  # keeps every key
+    feeds[3]["m"] = np.zeros_like(feeds[3]["m"])
+    fast = _both(m, feeds)
+    assert _ops(fast) == ["Attention"]
+
+
 def test_attention_heads_that_do_not_split_the_features_replay():
     """Reshape targets that are not a split of (B, L, H*D) into H heads (K given as (B, 2L,
     H*D/2)), or an output merged into another shape, keep the ONNX semantics."""

@@ -41,6 +41,7 @@ microkernels are unavailable (no numba, no AVX2+FMA, EMBER_NO_NUMBA=1, EMBER_SGE
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -523,14 +524,23 @@ def attention(
     to attend to, or None; a query with no key to attend to gets zeros. out: a contiguous
     (B, L, H*D) float32 array to write into (default: a new one).
     """
+    from ember.threads import get_num_threads
+
+    threads = get_num_threads()
+    if key_mask is None and out is None:
+        y = _planned(q, k, v, num_heads, scale, threads)
+        if y is not None:
+            return y
     _check(q, k, v, num_heads, key_mask)
     b, lq, hd = q.shape
     s_len = k.shape[1]
     d = hd // num_heads
+    plan_key = _plan_key(q, k, v, num_heads, scale, threads)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kern = _kernels()
     if kern:  # the tasks read q, k, v by (batch, row) strides of whole floats, forwards
-        q, k, v = (a if _strided_ok(a) else np.ascontiguousarray(a) for a in (q, k, v))
+        strided = [_strided_ok(a) for a in (q, k, v)]
+        q, k, v = (a if ok else np.ascontiguousarray(a) for a, ok in zip((q, k, v), strided))
     if not kern or lq == 0 or s_len == 0:
         y = attention_reference(q, k, v, num_heads, scale, key_mask)
         if out is None:
@@ -538,13 +548,11 @@ def attention(
         out[...] = y
         return out
     from ember.kernels.cpu import pool, workspace
-    from ember.threads import get_num_threads
 
     ws = workspace.local()  # internal buffers: the same memory from call to call
     mr, nr = kern["mr"], kern["nr"]
     npk, npv = -(-s_len // nr), -(-d // nr)
     rows = max(mr, min(8 * mr, SCORE_BLOCK_BYTES // (4 * s_len) // mr * mr))
-    threads = get_num_threads()
     heads = b * num_heads
     per_head = s_len <= PER_HEAD_MAX_KEYS and heads >= PER_HEAD_TASKS * threads
     while not per_head and rows > mr and heads * -(-lq // rows) < 2 * threads:
@@ -556,13 +564,15 @@ def attention(
     nwork = rows * npk * nr + 5 * rows  # _task_py's scratch (+ a head's K and V: per_head)
     if per_head:
         workers = min(threads, heads)
-        work = ws("attention.work", (workers, nwork + (npk * d + npv * s_len) * nr))
-        pk = pv = work  # unused
+        bufs = (("attention.work", (workers, nwork + (npk * d + npv * s_len) * nr)),)
     else:
         workers = max(1, min(threads, heads * -(-lq // rows)))
-        work = ws("attention.work", (workers, nwork))
-        pk = ws("attention.k", (b, num_heads, npk, d, nr))
-        pv = ws("attention.v", (b, num_heads, npv, s_len, nr))
+        bufs = (("attention.work", (workers, nwork)), ("attention.k", (b, num_heads, npk, d, nr)),
+                ("attention.v", (b, num_heads, npv, s_len, nr)))  # fmt: skip
+    arrays = tuple(ws(name, shape) for name, shape in bufs)
+    work = arrays[0]
+    pk, pv = (work, work) if per_head else arrays[1:]  # (per head: unused)
+    planned = out is None and not has_mask and all(strided)
     if out is None:
         out = np.empty((b, lq, hd), _F32)
     elif out.shape != (b, lq, hd) or out.dtype != _F32 or not out.flags.c_contiguous:
@@ -585,6 +595,60 @@ def attention(
         w[i], w[i + 1], w[i + 2] = a.ctypes.data, s0, s1
         w[i + 3] = (b - 1) * s0 + (s_len - 1) * s1 + hd
     desc = np.array(w, np.int64)
+    if planned:
+        plans = _plans()
+        if len(plans) >= PLANS_KEPT:
+            plans.clear()
+        plans[plan_key] = (desc.copy(), bufs, arrays, mask, queue, per_head, workers, heads,
+                           in_place)  # fmt: skip
+    if not per_head:
+        pool.run_items(kern["pack"], desc.ctypes.data, heads)
+    pool.run_items(kern["attention"], desc.ctypes.data, workers)
+    return out
+
+
+# A call's job description for the last few operand layouts, per thread (its workspace's buffers
+# are its own): a transformer calls its attention with the same shapes in every layer, and
+# building and checking the description was ~17 of a call's ~20 us of Python (MiniLM-L6 b1's
+# attention kernel takes ~130 us a layer).
+PLANS_KEPT = 8
+_PLAN_LOCAL = threading.local()
+
+
+def _plans() -> dict:
+    plans = getattr(_PLAN_LOCAL, "plans", None)
+    if plans is None:
+        plans = _PLAN_LOCAL.plans = {}
+    return plans
+
+
+def _plan_key(q, k, v, num_heads: int, scale, threads: int) -> tuple:
+    """What a kept job depends on: the operands' layouts, the call's settings, the schedule's."""
+    return (q.shape, k.shape, v.shape, q.strides, k.strides, v.strides, q.dtype, k.dtype,
+            v.dtype, num_heads, scale, threads, PER_HEAD_TASKS, PER_HEAD_MAX_KEYS, V_IN_PLACE,
+            SCORE_BLOCK_BYTES)  # fmt: skip
+
+
+def _planned(q, k, v, num_heads: int, scale, threads: int) -> np.ndarray | None:
+    """attention() without a key mask by the job kept for these operands' layout (see
+    ``PLANS_KEPT``), or None when there is none (or its workspace buffers were replaced)."""
+    plan = _plans().get(_plan_key(q, k, v, num_heads, scale, threads))
+    if plan is None:
+        return None
+    desc, bufs, arrays, _mask, queue, per_head, workers, heads, in_place = plan
+    from ember.kernels.cpu import pool, workspace
+
+    ws = workspace.local()
+    for (name, shape), a in zip(bufs, arrays):
+        if ws(name, shape) is not a:  # another call took the name for other shapes
+            return None
+    b, lq, hd = q.shape
+    out = np.empty((b, lq, hd), _F32)
+    queue[0] = 0
+    desc[W_QA], desc[W_OUT] = q.ctypes.data, out.ctypes.data
+    ka, va = k.ctypes.data, v.ctypes.data
+    desc[W_KA], desc[W_VA], desc[W_VIN] = ka, va, va if in_place else 0
+    kern = _kernels()
     if not per_head:
         pool.run_items(kern["pack"], desc.ctypes.data, heads)
     pool.run_items(kern["attention"], desc.ctypes.data, workers)

@@ -28,7 +28,8 @@ the zoo's shapes with numpy's OpenBLAS and torch: per product it is level with O
 on small-M and conv shapes, where OpenBLAS packs A and needs an im2col) and 3-25% behind
 torch's MKL/oneDNN; in a whole network it wins by never repacking and never copying.
 The microkernels are registered as symbols that a numba driver (``_driver_py``) calls; it
-blocks K so that the panel rows in use stay in L1 (see its docstring). Small products run it on
+blocks K so that the panel rows in use stay in L1 (see its docstring; a linear's K is one block,
+``linear_k_block``: the accumulators' reloads cost more there). Small products run it on
 the calling thread; larger ones are cut into tasks (blocks of pixels times groups of panels)
 that ember's worker pool hands out by work claiming (kernels.cpu.pool_tasks: a preempted thread
 never holds the product up, as numba's barrier did on a busy machine).
@@ -624,9 +625,11 @@ ROWS_FIRST_BYTES = 4 << 20
 ROWS_FIRST = 16  # the flag (in the has_res word, with the streaming stores' 8)
 
 
-def rows_first(m: int, o: int) -> int:
-    """ROWS_FIRST for an (m, o) float32 output of ROWS_FIRST_BYTES or more, else 0."""
-    return ROWS_FIRST if m * o * 4 >= ROWS_FIRST_BYTES else 0
+def rows_first(m: int, o: int, kk: int) -> int:
+    """ROWS_FIRST for an (m, o) float32 output of ROWS_FIRST_BYTES or more over a weight of at
+    most K_BLOCK rows (each tile reads every panel: a deeper weight would not stay in cache),
+    else 0."""
+    return ROWS_FIRST if m * o * 4 >= ROWS_FIRST_BYTES and kk <= K_BLOCK else 0
 
 
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
@@ -655,6 +658,7 @@ def gemm(
     threads: int | None = None,
     rows: int | None = None,
     stream: bool = False,
+    kblock: int | None = None,
 ) -> np.ndarray:
     """out (M, O) = act(sum_t A_t @ W_t + bias [+ res]) on the packed weight (see module doc).
 
@@ -665,7 +669,8 @@ def gemm(
     numba's threads (default ember's setting); 1 runs on the calling thread without starting
     numba's team. rows: output rows per pool task (default CHUNK_PIXELS; see linear_packed).
     stream: write an output of STREAM_BYTES or more whose rows start on cache lines with
-    non-temporal stores (see ``STREAM_BYTES``).
+    non-temporal stores (see ``STREAM_BYTES``). kblock: channels per block of K (default
+    ``k_block``'s; see ``linear_k_block``).
     """
     from ember.threads import get_num_threads
 
@@ -687,12 +692,13 @@ def gemm(
         and out.ctypes.data % 64 == 0
         and (o * 4) % (ISAS[st["isa"]][0] * 4) == 0
     )
-    flags = int(res is not None) | (8 if stream else 0) | rows_first(m, o)
+    flags = int(res is not None) | (8 if stream else 0) | rows_first(m, o, packed.shape[1])
+    kblock = kblock or k_block(panels, packed.shape[1])
     small = m * o * packed.shape[1] < SERIAL_BELOW and packed.nbytes < SERIAL_MAX_WEIGHT_BYTES
     if threads == 1 or small:  # waking the workers costs more
         st["serial"](
             a, rowoff, tapoff, kc, packed, bias, out if res is None else res, flags,
-            act, out, mr, 1, 1, CHUNK_PIXELS, k_block(panels, packed.shape[1]),
+            act, out, mr, 1, 1, CHUNK_PIXELS, kblock,
         )  # fmt: skip
         return out
     if USE_POOL:
@@ -700,7 +706,7 @@ def gemm(
 
         if pool_tasks.state() is not None:
             pool_tasks.gemm(
-                a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows, stream
+                a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows, stream, kblock
             )
             return out
     # one task per thread, the same split every call: the rows a thread writes in one layer are
@@ -714,7 +720,7 @@ def gemm(
         tasks_m = min(tiles, max(1, threads // tasks_p))
     st["driver"](
         a, rowoff, tapoff, kc, packed, bias, out if res is None else res, flags, act,
-        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, k_block(panels, packed.shape[1]),
+        out, mr, tasks_m, tasks_p, CHUNK_PIXELS, kblock,
     )  # fmt: skip
     return out
 
@@ -873,7 +879,8 @@ def linear_packed_residual(
     mr = _state()["mr"]
     one_block = m <= LINEAR_ONE_BLOCK_ROWS and w.panels.shape[0] >= LINEAR_ONE_BLOCK_PANELS
     block = -(-m // mr) * mr if one_block else None
-    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, r, 0, out, (0, (m - 1) * k), rows=block)
+    gemm(x2.reshape(-1), rows, _TAP0, k, w.panels, bias, r, 0, out, (0, (m - 1) * k), rows=block,
+         kblock=linear_k_block(k))  # fmt: skip
     return out.reshape(*lead, o)
 
 
@@ -924,7 +931,7 @@ def _pool_plan(w: PackedWeight, bias: np.ndarray, m: int, has_res: bool) -> tupl
     one_block = m <= LINEAR_ONE_BLOCK_ROWS and panels.shape[0] >= LINEAR_ONE_BLOCK_PANELS
     block = -(-m // mr) * mr if one_block else None
     params, tasks = PT.gemm_params(xs, rows, _TAP0, k, panels, bias, one if has_res else None, 0,
-                                   one, threads, block)  # fmt: skip
+                                   one, threads, block, kblock=linear_k_block(k))  # fmt: skip
     if len(plans) >= 16:
         plans.clear()  # many row counts: keep the last few
     plans[key] = ((params, tasks), (panels, bias, rows))  # the arrays its words point to
@@ -938,6 +945,21 @@ def _pool_plan(w: PackedWeight, bias: np.ndarray, m: int, has_res: bool) -> tupl
 # ViT-B/16 b1 103.2 / 100.9 -> 96.2 / 93.6, MiniLM-L6 b1 (128 rows) 9.97 / 9.31 -> 9.81 / 8.94.
 LINEAR_ONE_BLOCK_ROWS = 256
 LINEAR_ONE_BLOCK_PANELS = 8  # and enough panels to make a task for each thread several times
+
+
+# A linear's K in one block up to this many channels: every block of K after the first cost each
+# tile a reload and store of its accumulators and a restart of the microkernel, which K_BLOCK's
+# L1-resident panel rows did not win back (the panel streams from L2 well enough). Ad hoc, one
+# process alternating K_BLOCK and all of K, 2 threads, best of 12 (Zen 5): 128x384x384 93.9 ->
+# 86.4 us, 128x384x1536 314.9 -> 300.3, 197x768x3072 1972.6 -> 1855.7, 197x3072x768 1917.9 ->
+# 1814.5, 1500x1536x384 3492.9 -> 3366.9, 128x8192x768 3474.8 -> 3128.7 (1 thread: 237 -> 256
+# GFLOP/s at 128x384x384, 241 -> 267 at 197x768x3072, of a ~272 peak).
+LINEAR_K_BLOCK_MAX = 8192
+
+
+def linear_k_block(k: int) -> int:
+    """The K blocking of a linear product of k input features (see ``LINEAR_K_BLOCK_MAX``)."""
+    return k if k <= LINEAR_K_BLOCK_MAX else K_BLOCK
 
 
 _TAP0 = np.zeros(1, np.int64)

@@ -218,12 +218,13 @@ def gemm(
     threads: int,
     rows: int | None = None,
     stream: bool = False,
+    kblock: int | None = None,
 ) -> None:
     """gemm.gemm's product (operands checked by it) as tasks on the pool; rows: the output
     rows of a task (default CHUNK_PIXELS, rounded down to whole tiles); stream: non-temporal
-    stores (gemm.STREAM_BYTES)."""
+    stores (gemm.STREAM_BYTES); kblock: channels per block of K (default gemm.k_block's)."""
     _go("gemm", *gemm_params(a, rowoff, tapoff, kc, packed, bias, res, act, out, threads, rows,
-                              stream), 1)  # fmt: skip
+                              stream, kblock), 1)  # fmt: skip
 
 
 def rerun_gemm(job: tuple, a: np.ndarray, out: np.ndarray, res: np.ndarray | None) -> None:
@@ -248,6 +249,7 @@ def gemm_params(
     threads: int,
     rows: int | None = None,
     stream: bool = False,
+    kblock: int | None = None,
 ) -> tuple[np.ndarray, int]:
     """The parameter block and task count of gemm's product."""
     g = G._state()
@@ -264,8 +266,8 @@ def gemm_params(
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
          bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0)
-         | G.rows_first(m, o), act,
-         out.ctypes.data, mr, tasks_p, rows, G.k_block(panels, kk), m, o, panels, kk, nr,
+         | G.rows_first(m, o, kk), act,
+         out.ctypes.data, mr, tasks_p, rows, kblock or G.k_block(panels, kk), m, o, panels, kk, nr,
          len(tapoff)],
         np.int64,
     )  # fmt: skip
