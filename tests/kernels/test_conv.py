@@ -146,6 +146,39 @@ def test_conv_gemm_pool_plan_reused_across_calls(threads, monkeypatch):
         ember.set_num_threads(old)
 
 
+@pytest.mark.parametrize(
+    "n,c,o,k,hw",
+    [(1, 40, 260, 1, (7, 7)), (1, 19, 300, 3, (5, 3)), (1, 64, 256, 1, (1, 1)),
+     (3, 24, 270, 1, (9, 9)), (1, 16, 280, 3, (16, 16))],
+)  # fmt: skip
+def test_conv_gemm_few_pixels_run_all_rows_per_task(n, c, o, k, hw, monkeypatch):
+    """Convs of at most ONE_BLOCK_ROWS pixels with enough panels: each pool task takes all
+    the pixels by a group of panels (the plan's rows word); results match float64."""
+    import ember
+    from ember.kernels.cpu import pool_tasks as PT
+
+    old = ember.get_num_threads()
+    ember.set_num_threads(2)
+    monkeypatch.setattr(K, "_PLANS", {})
+    try:
+        w, b = PackedWeight(_r(o, c, k, k)), _r(o)
+        pads = (k // 2,) * 4
+        x = _r(n, c, *hw)
+        ref = K.conv2d_nchw_reference(x.astype(np.float64), w.astype(np.float64), (1, 1), pads, 1)
+        res = _r(*ref.shape)
+        for r in (None, res):
+            want = np.maximum(ref + b[:, None, None] + (0 if r is None else r), 0)
+            y = K.fused_conv2d_gemm(x, w, b, r, stride=(1, 1), pads=pads, groups=1, act="relu")
+            np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        m = n * hw[0] * hw[1]
+        if PT.state() is not None and m * o * c * k * k >= G.SERIAL_BELOW:
+            mr = G._state()["mr"]
+            rows = {int(p[0][0][PT.P_ROWS]) for p in K._PLANS.values()}
+            assert rows == {-(-m // mr) * mr}
+    finally:
+        ember.set_num_threads(old)
+
+
 def test_fused_depthwise_matches_reference():
     k = _kernel("fused_conv2d", "fused_conv2d_depthwise")
     cases = []

@@ -593,6 +593,16 @@ def conv_gemm(
     return channels_last(out)
 
 
+# A conv of at most ONE_BLOCK_ROWS output pixels (ResNet-50 b1's 14x14 and 7x7 layers) runs its
+# pool tasks over all of its pixels, each task a group of panels: every panel streams in once.
+# In CHUNK_PIXELS blocks (196 pixels: 96 + 96 + 4) each block re-read the whole weight, from
+# memory in the network (0.5-9.4 MB), the 4-pixel block included. ResNet-50 b1 in the network
+# (each node's call wrapped, medians of 15 passes, the two settings alternated, ad hoc): 14x14
+# 1x1 convs 0.25-0.30 -> 0.23-0.25 ms, 3x3 256 0.53-0.56 -> 0.50-0.52. Taller products lost
+# that way: batch 8's 7x7 layers (392 pixels) 1.84 -> 2.02 ms, b1's 56x56 1x1 64 -> 256 (A: 0.8
+# MB) 0.34 -> 0.50 (each task's output a column strip of all rows)
+ONE_BLOCK_ROWS = 256
+ONE_BLOCK_PANELS = 8  # and enough panels for a few tasks per thread
 _PLANS: dict = {}  # (geometry, weight, ...) -> (gemm's pool job, the arrays its words point to)
 
 
@@ -619,7 +629,9 @@ def _gemm_plan(key, a, rowoff, tapoff, span, kc, panels, bias, r, act, out) -> t
     if PT.state() is None:
         return None
     G._check(a, rowoff, tapoff, kc, panels, bias, r, out, G.panel_width(), span)
-    plan = PT.gemm_params(a, rowoff, tapoff, kc, panels, bias, r, act, out, threads)
+    one = m <= ONE_BLOCK_ROWS and panels.shape[0] >= ONE_BLOCK_PANELS
+    rows = -(-m // G._state()["mr"]) * G._state()["mr"] if one else None
+    plan = PT.gemm_params(a, rowoff, tapoff, kc, panels, bias, r, act, out, threads, rows)
     if len(_PLANS) >= MAX_CACHED:
         _PLANS.clear()
     _PLANS[pkey] = (plan, (panels, bias, rowoff, tapoff))  # ids stay those of live arrays
