@@ -212,6 +212,43 @@ def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     assert "Relu" in _ops(fast)  # y2 has two readers: its Relu is not fused into the conv
 
 
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (5, 3, 2)])
+@pytest.mark.parametrize("after_conv", [True, False])
+def test_max_pool_of_a_channels_last_conv_output(k, s, p, after_conv):
+    """MaxPool reads a fused conv's channels-last result on the NHWC kernel directly; an NCHW
+    input (the graph's own) goes through F.max_pool2d; both equal the plain graph."""
+    c, o = 3, 37
+    pool = helper.make_node("MaxPool", ["y" if after_conv else "x"], ["out"], kernel_shape=[k, k],
+                            strides=[s, s], pads=[p] * 4)  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y0"], pads=[3, 3, 3, 3], strides=[2, 2]),
+             helper.make_node("Relu", ["y0"], ["y"]), pool]  # fmt: skip
+    outs = ["out"] if after_conv else ["out", "y"]
+    m = _model(nodes, [("x", F32, ["n", c, 23, 18])], outs, [_t("w", _r(o, c, 7, 7))])
+    x = _r(3, c, 23, 18)
+    x[0, :, 4, 5] = np.nan  # NaN wins the max, as in the plain graph
+    _both(m, [{"x": _r(1, c, 23, 18)}, {"x": x}])
+
+
+def test_residual_with_a_view_read_later_is_not_written_over():
+    """a's Identity and Reshape (views of it) are read after the conv that adds a: that conv
+    does not write over a (onnx._fuse_conv.donate), and the results equal the plain graph."""
+    c, o = 6, 40
+    inits = [_t("wa", _r(o, c, 1, 1)), _t("wb", _r(o, c, 1, 1)),
+             _t("sh", np.array([-1, o], np.int64))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"]),
+        helper.make_node("Identity", ["a"], ["v"]),
+        helper.make_node("Reshape", ["a", "sh"], ["v2"]),
+        helper.make_node("Conv", ["x", "wb"], ["b0"]),
+        helper.make_node("Add", ["b0", "a"], ["b"]),
+        helper.make_node("Mul", ["b", "v"], ["w"]),
+        helper.make_node("ReduceSum", ["v2"], ["u"], keepdims=0),
+    ]
+    m = _model(nodes, [("x", F32, ["n", c, 9, 7])], ["w", "u"], inits)
+    fast = _both(m, [{"x": _r(n, c, 9, 7)} for n in (1, 2)])
+    assert not any(getattr(nd.fn, "donate", False) for nd in fast.graph.nodes)
+
+
 @pytest.mark.parametrize("o", [37, 64])
 def test_residual_that_dies_with_its_conv_is_written_over(o, monkeypatch):
     """A residual read last by its fused conv, a fused conv's own output read only by fused
