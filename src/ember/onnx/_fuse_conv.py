@@ -136,7 +136,7 @@ class _ConvRun:
                 return y.squeeze(2)
             if res is None:
                 return FusedConv.apply(x, self.w, self.b, **hit)
-            if self.donate:
+            if self.donate and not ember.is_grad_enabled():  # autograd may keep the residual
                 y = K.fused_conv2d_over_residual(x._data, self.w._data, self.b._data,
                                                  res._data, **hit)  # fmt: skip
                 if y is not None:
