@@ -62,6 +62,31 @@ def test_a_worker_takes_part():
         assert pool.stats()["workers"] == 1
 
 
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux CPU affinity and two CPUs",
+)
+def test_a_worker_leaves_its_masters_cpu():
+    rng = np.random.default_rng(2)
+    w3, x = _operands(rng, 4, n=4000, k=576)
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    with threads_set(2):
+        want = _product("Q4_1", w3, x)
+        worker = pool.state()["threads"][0].native_id
+        os.sched_setaffinity(0, {cpu})  # the calling thread only
+        try:
+            os.sched_setaffinity(worker, {cpu})  # both on one CPU: the worker must move
+            deadline = time.monotonic() + 20
+            while cpu in os.sched_getaffinity(worker) and time.monotonic() < deadline:
+                np.testing.assert_array_equal(_product("Q4_1", w3, x), want)
+                time.sleep(0.001)
+            assert os.sched_getaffinity(worker) == allowed - {cpu}
+        finally:
+            os.sched_setaffinity(0, allowed)
+            os.sched_setaffinity(worker, allowed)
+
+
 def test_solo_jobs_run_on_the_caller_alone():
     rng = np.random.default_rng(2)
     w3, x = _operands(rng, 5, n=501, qtype="Q4_0")

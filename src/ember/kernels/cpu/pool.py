@@ -15,6 +15,14 @@ over the chunks of a weight's rows) by work claiming instead:
   after a rare preemption, more each time it happens again (``SOLO_MIN`` .. ``SOLO_MAX``);
 - workers spin for about ``SPIN_CYCLES`` between jobs (a decode step's products are tens of
   microseconds apart), then sleep with a backoff up to ``MAX_SLEEP_US``.
+- a worker never stays on its master's CPU: the master publishes ``sched_getcpu()`` with each
+  job, and a worker that finds itself on that CPU (looking for a job, or spinning between
+  jobs) takes the process's CPU mask less that CPU as its own (one ``sched_setaffinity``, only
+  when they meet). Linux sometimes woke a napping worker on the CPU where the master ran with
+  the other one idle; the worker then preempted the master at each wake-up and spun there, and
+  the call ran on one CPU shared by both (MobileNetV2 b1 in the bench's pattern, 0.1 s idle
+  then two calls: ~1 call in 5 took 5-8 ms instead of 2.2-2.5, the worker in 4-9 of its 19
+  jobs, the master preempted as often as the worker napped; none such afterwards).
 
 Every chunk writes rows of the output that no other chunk writes, and each row is computed by
 one kernel call whichever thread runs it, so results are bitwise those of one thread.
@@ -51,11 +59,12 @@ SOLO_MIN, SOLO_MAX = 16, 4096
 
 # ctrl: int64 words, on cache lines (8 words) by who writes them: the ticket, the done count,
 # the settings, the counters (``stats``), the job
-TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_LEN, LOCK = 0, 8, 16, 17, 18, 19, 20
+TICKET, DONE, ACTIVE, SHUTDOWN, SOLO, SOLO_LEN, LOCK, MCPU = 0, 8, 16, 17, 18, 19, 20, 21
 SOLO_TRIGGERS, WORKER_JOBS = 24, 25
 CHUNK, ROWS, GROUPS, WI, ROWB, NB, LDX, LDD, LDY = 32, 33, 34, 35, 36, 37, 38, 39, 40
 GROUP0, GROUP_WORDS = 48, 5  # per group: fn, xq, xd, xs, y
-CTRL_WORDS = GROUP0 + GROUP_WORDS * MAX_GROUPS
+MASK0 = GROUP0 + GROUP_WORDS * MAX_GROUPS  # the process's CPU mask (a 1024-bit cpu_set_t)
+CTRL_WORDS = MASK0 + 16
 _MASK20 = (1 << 20) - 1
 
 _STATE: dict = {}
@@ -183,6 +192,10 @@ def _ir() -> list[str]:
         "sret:",
         "  ret i64 0",
         "publish:",
+        "  %mc = call i32 @sched_getcpu()",
+        "  %mc64 = sext i32 %mc to i64",
+        f"  %mcp = getelementptr i64, ptr %p, i64 {MCPU}",
+        "  store atomic i64 %mc64, ptr %mcp monotonic, align 8",
         "  %t = load atomic i64, ptr %p monotonic, align 8",
         "  %tg = lshr i64 %t, 40",
         "  %g1 = add i64 %tg, 1",
@@ -240,6 +253,49 @@ def _ir() -> list[str]:
         "  ret i64 %r",
         "}",
     ]
+    away = [
+        # a worker on the CPU its master last published leaves it: the process's CPU mask less
+        # that CPU becomes the thread's (one syscall, only when they meet; see the docstring)
+        "define internal void @pool_away(ptr %p) {",
+        "entry:",
+        "  %buf = alloca [16 x i64], align 8",
+        f"  %mp = getelementptr i64, ptr %p, i64 {MCPU}",
+        "  %m = load atomic i64, ptr %mp monotonic, align 8",
+        "  %c = call i32 @sched_getcpu()",
+        "  %c64 = sext i32 %c to i64",
+        "  %same = icmp eq i64 %c64, %m",
+        "  %inr = icmp ult i64 %m, 1024",
+        "  %go = and i1 %same, %inr",
+        "  br i1 %go, label %copy, label %done",
+        "copy:",
+        "  %i = phi i64 [0, %entry], [%i1, %copy]",
+        "  %acc = phi i64 [0, %entry], [%acc1, %copy]",
+        f"  %wi = add i64 %i, {MASK0}",
+        "  %srcp = getelementptr i64, ptr %p, i64 %wi",
+        "  %v = load i64, ptr %srcp, align 8",
+        "  %wsel = lshr i64 %m, 6",
+        "  %isw = icmp eq i64 %i, %wsel",
+        "  %bitn = and i64 %m, 63",
+        "  %bit = shl i64 1, %bitn",
+        "  %nbit = xor i64 %bit, -1",
+        "  %vm = and i64 %v, %nbit",
+        "  %v2 = select i1 %isw, i64 %vm, i64 %v",
+        "  %dstp = getelementptr [16 x i64], ptr %buf, i64 0, i64 %i",
+        "  store i64 %v2, ptr %dstp, align 8",
+        "  %acc1 = or i64 %acc, %v2",
+        "  %i1 = add i64 %i, 1",
+        "  %more = icmp ult i64 %i1, 16",
+        "  br i1 %more, label %copy, label %set",
+        "set:",
+        "  %any = icmp ne i64 %acc1, 0",  # another CPU is left to go to
+        "  br i1 %any, label %call, label %done",
+        "call:",
+        "  %rc = call i32 @sched_setaffinity(i32 0, i64 128, ptr %buf)",
+        "  br label %done",
+        "done:",
+        "  ret void",
+        "}",
+    ]
     worker = [
         # a worker thread's whole life: wait for jobs, take chunks, until ctrl[SHUTDOWN] != 0
         "define void @ember_pool_worker(i64 %ctrl, i64 %id) {",
@@ -265,6 +321,7 @@ def _ir() -> list[str]:
         "  %new = icmp ne i64 %tg, %seen",
         "  br i1 %new, label %mine, label %idle",
         "mine:",
+        "  call void @pool_away(ptr %p)",
         "  %active = load atomic i64, ptr %activep monotonic, align 8",
         "  %takes = icmp ult i64 %id, %active",
         "  br i1 %takes, label %work, label %job",
@@ -277,6 +334,7 @@ def _ir() -> list[str]:
         "  %now2 = call i64 @llvm.readcyclecounter()",
         "  br label %wait",
         "idle:",
+        "  call void @pool_away(ptr %p)",
         "  call void @llvm.x86.sse2.pause()",
         "  %now = call i64 @llvm.readcyclecounter()",
         "  %spent = sub i64 %now, %start",
@@ -298,9 +356,11 @@ def _ir() -> list[str]:
         "declare i64 @llvm.readcyclecounter()",
         "declare void @llvm.x86.sse2.pause()",
         "declare i32 @usleep(i32)",
+        "declare i32 @sched_getcpu()",
+        "declare i32 @sched_setaffinity(i32, i64, ptr)",
         "declare i64 @llvm.umax.i64(i64, i64)",
     ]
-    parts = (chunk, claim, run, acquire, worker)
+    parts = (chunk, claim, run, acquire, away, worker)
     return decls + ["\n".join(part) for part in parts]
 
 
@@ -317,7 +377,8 @@ def _build() -> dict:
     import llvmlite.binding as llvm
 
     libc = ctypes.CDLL(None)
-    llvm.add_symbol("usleep", ctypes.cast(libc.usleep, ctypes.c_void_p).value)
+    for name in ("usleep", "sched_getcpu", "sched_setaffinity"):
+        llvm.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
     engine = G.jit_ir(_ir(), ["ember_pool_run", "ember_pool_acquire", "ember_pool_worker"])
     # the control block lives as long as the process (workers may read it until they stop:
     # never memory that interpreter shutdown frees), on cache-line boundaries
@@ -328,6 +389,11 @@ def _build() -> dict:
     addr += -addr % 64
     ctrl = np.ctypeslib.as_array(ctypes.cast(addr, ctypes.POINTER(ctypes.c_int64)), (CTRL_WORDS,))
     ctrl[SOLO_LEN] = SOLO_MIN
+    ctrl[MCPU] = -1  # no master CPU published yet
+    mask = ctrl[MASK0:].view(np.uint64)
+    for cpu in os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ():
+        if cpu < 1024:
+            mask[cpu // 64] |= np.uint64(1 << (cpu % 64))
     worker = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64)(
         engine.get_function_address("ember_pool_worker")
     )
