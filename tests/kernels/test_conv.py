@@ -179,6 +179,41 @@ def test_conv_gemm_few_pixels_run_all_rows_per_task(n, c, o, k, hw, monkeypatch)
         ember.set_num_threads(old)
 
 
+@pytest.mark.parametrize("threads", [2, 1])
+@pytest.mark.parametrize(
+    "n,c,o,k,s,hw",
+    [(1, 3, 64, 7, 2, (64, 50)), (2, 3, 69, 3, 2, (40, 41)), (1, 5, 40, 3, 1, (29, 28)),
+     (1, 24, 96, 1, 1, (29, 28))],
+)  # fmt: skip
+def test_conv_gemm_rows_first_matches_reference(n, c, o, k, s, hw, threads, monkeypatch):
+    """Convs in the rows-first order (ROWS_FIRST_BYTES 0: ResNet-50's 3.2 MB stem output is
+    in it), few-channel stems' kw*C-deep taps included, on the pool and on one thread."""
+    import ember
+    from ember.kernels.cpu import pool_tasks as PT
+
+    old = ember.get_num_threads()
+    ember.set_num_threads(threads)
+    monkeypatch.setattr(K, "_PLANS", {})
+    monkeypatch.setattr(G, "ROWS_FIRST_BYTES", 0)
+    monkeypatch.setattr(G, "SERIAL_BELOW", 0)
+    try:
+        w, b = PackedWeight(_r(o, c, k, k)), _r(o)
+        pads = (k // 2,) * 4
+        x = _r(n, c, *hw)
+        ref = K.conv2d_nchw_reference(x.astype(np.float64), w.astype(np.float64), (s, s), pads, 1)
+        res = _r(*ref.shape)
+        for r in (None, res, None):  # the third call reruns the kept pool job
+            want = np.maximum(ref + b[:, None, None] + (0 if r is None else r), 0)
+            y = K.fused_conv2d_gemm(x, w, b, r, stride=(s, s), pads=pads, groups=1, act="relu")
+            np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        if threads > 1 and PT.state() is not None:  # one task over all panels: rows-first
+            words = [p[0][0] for p in K._PLANS.values()]
+            assert words and all(int(p[PT.P_HAS_RES]) & G.ROWS_FIRST for p in words)
+            assert all(int(p[PT.P_TASKS_P]) == 1 for p in words)
+    finally:
+        ember.set_num_threads(old)
+
+
 def test_fused_depthwise_matches_reference():
     k = _kernel("fused_conv2d", "fused_conv2d_depthwise")
     cases = []

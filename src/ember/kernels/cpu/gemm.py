@@ -619,9 +619,13 @@ STREAM_BYTES = 1 << 24
 # b8's 1x1 64 -> 256 conv + residual + ReLU (25088 rows), alone, one thread: 8.2 -> 4.1 ms (its
 # in-cache speed); streaming stores there (STREAM_BYTES) took 7.3 ms, so this order stores
 # plainly. The whole network, 2 threads, one process alternating (median of 20): streamed
-# 157.0 / 150.1 ms, plain 144.6 / 141.8. Below this size the output is cache-resident (ResNet-50
-# b1's largest is 3.2 MB) and the panel order, which keeps each panel's B in L1, stays.
-ROWS_FIRST_BYTES = 4 << 20
+# 157.0 / 150.1 ms, plain 144.6 / 141.8. The threshold was 4 MB on the guess that ResNet-50 b1's
+# 3.2 MB outputs are cache-resident, but a pass's buffer was last touched a pass ago: in the
+# network at b1 its 7x7 stem (12544 x 147 x 64, 3.2 MB out) took 0.82-0.89 ms panel by panel and
+# 0.62-0.64 rows-first (0.53 alone, its buffer warm), the 56x56 1x1 64 -> 256 + residual convs
+# ~0.29 -> ~0.28 (each node's call wrapped, medians of 40 passes, alternating). Smaller outputs
+# keep the panel order, which keeps each panel's B in L1.
+ROWS_FIRST_BYTES = 3 << 20
 ROWS_FIRST = 16  # the flag (in the has_res word, with the streaming stores' 8)
 
 
