@@ -603,9 +603,9 @@ def conv_gemm(
 # MB) 0.34 -> 0.50 (each task's output a column strip of all rows)
 ONE_BLOCK_ROWS = 256
 ONE_BLOCK_PANELS = 8  # and enough panels for a few tasks per thread
-# ... and with fewer panels than 2 * TASKS_PER_THREAD tasks per thread (256 or 448 outputs), the
-# pixels are cut in two halves, a panel's two halves taken one after the other (PANEL_MAJOR:
-# the second reads the panel from L1/L2): finer tasks, a shorter wait for the last one.
+# ... and with fewer than ONE_BLOCK_SPLIT_PANELS panels a thread (2 threads: up to 480 outputs),
+# the pixels are cut in two halves, a panel's two halves taken one after the other (PANEL_MAJOR:
+# the second reads the panel from L1/L2): twice the tasks, a shorter wait for the last one.
 # ResNet-50 b1 in the network (one process alternating, medians of 15 passes, twice): its 14x14
 # 1x1 1024 -> 256 convs 0.255 -> 0.245 ms and 0.243 -> 0.233 ms, the 3x3 256s 1-3 % faster.
 # Whole-K blocks (tx3's for linears) won 3-5 % alone but lost in the network: layer4's 3x3
