@@ -149,11 +149,14 @@ def test_conv_gemm_pool_plan_reused_across_calls(threads, monkeypatch):
 @pytest.mark.parametrize(
     "n,c,o,k,hw",
     [(1, 40, 260, 1, (7, 7)), (1, 19, 300, 3, (5, 3)), (1, 64, 256, 1, (1, 1)),
-     (3, 24, 270, 1, (9, 9)), (1, 16, 280, 3, (16, 16))],
+     (3, 24, 270, 1, (9, 9)), (1, 16, 280, 3, (16, 16)), (1, 48, 520, 1, (7, 7)),
+     (1, 33, 600, 3, (5, 5)), (1, 20, 256, 3, (14, 14)), (1, 16, 300, 1, (1, 13))],
 )  # fmt: skip
 def test_conv_gemm_few_pixels_run_all_rows_per_task(n, c, o, k, hw, monkeypatch):
     """Convs of at most ONE_BLOCK_ROWS pixels with enough panels: each pool task takes all
-    the pixels by a group of panels (the plan's rows word); results match float64."""
+    the pixels by a group of panels (the plan's rows word), or half of them, a panel's halves
+    in a row (PANEL_MAJOR), with fewer than ONE_BLOCK_SPLIT_PANELS panels a thread; results
+    match float64."""
     import ember
     from ember.kernels.cpu import pool_tasks as PT
 
@@ -172,9 +175,11 @@ def test_conv_gemm_few_pixels_run_all_rows_per_task(n, c, o, k, hw, monkeypatch)
             np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
         m = n * hw[0] * hw[1]
         if PT.state() is not None and m * o * c * k * k >= G.SERIAL_BELOW:
-            mr = G._state()["mr"]
+            mr, split = G._state()["mr"], -(-o // G.panel_width()) < K.ONE_BLOCK_SPLIT_PANELS * 2
             rows = {int(p[0][0][PT.P_ROWS]) for p in K._PLANS.values()}
-            assert rows == {-(-m // mr) * mr}
+            assert rows == {-(-m // ((2 if split else 1) * mr)) * mr}
+            flags = {int(p[0][0][PT.P_HAS_RES]) & PT.PANEL_MAJOR for p in K._PLANS.values()}
+            assert flags == {PT.PANEL_MAJOR if split else 0}
     finally:
         ember.set_num_threads(old)
 

@@ -603,6 +603,14 @@ def conv_gemm(
 # MB) 0.34 -> 0.50 (each task's output a column strip of all rows)
 ONE_BLOCK_ROWS = 256
 ONE_BLOCK_PANELS = 8  # and enough panels for a few tasks per thread
+# ... and with fewer than ONE_BLOCK_SPLIT_PANELS panels a thread (2 threads: up to 480 outputs),
+# the pixels are cut in two halves, a panel's two halves taken one after the other (PANEL_MAJOR:
+# the second reads the panel from L1/L2): twice the tasks, a shorter wait for the last one.
+# ResNet-50 b1 in the network (one process alternating, medians of 15 passes, twice): its 14x14
+# 1x1 1024 -> 256 convs 0.255 -> 0.245 ms and 0.243 -> 0.233 ms, the 3x3 256s 1-3 % faster.
+# Whole-K blocks (tx3's for linears) won 3-5 % alone but lost in the network: layer4's 3x3
+# panels (590 KB) and the next one prefetched left no room in L2 (0.61 -> 0.65-0.71 ms)
+ONE_BLOCK_SPLIT_PANELS = 2 * 4
 _PLANS: dict = {}  # (geometry, weight, ...) -> (gemm's pool job, the arrays its words point to)
 
 
@@ -630,8 +638,12 @@ def _gemm_plan(key, a, rowoff, tapoff, span, kc, panels, bias, r, act, out) -> t
         return None
     G._check(a, rowoff, tapoff, kc, panels, bias, r, out, G.panel_width(), span)
     one = m <= ONE_BLOCK_ROWS and panels.shape[0] >= ONE_BLOCK_PANELS
-    rows = -(-m // G._state()["mr"]) * G._state()["mr"] if one else None
+    mr = G._state()["mr"]
+    split = one and panels.shape[0] < ONE_BLOCK_SPLIT_PANELS * threads
+    rows = -(-m // ((2 if split else 1) * mr)) * mr if one else None
     plan = PT.gemm_params(a, rowoff, tapoff, kc, panels, bias, r, act, out, threads, rows)
+    if split:
+        plan[0][PT.P_HAS_RES] |= PT.PANEL_MAJOR
     if len(_PLANS) >= MAX_CACHED:
         _PLANS.clear()
     _PLANS[pkey] = (plan, (panels, bias, rowoff, tapoff))  # ids stay those of live arrays

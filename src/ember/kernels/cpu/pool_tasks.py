@@ -27,6 +27,7 @@ from ember.kernels.cpu import gemm as G
 # the parameter block's words
 (P_A, P_ROWOFF, P_TAPOFF, P_KC, P_PANELS, P_BIAS, P_RES, P_HAS_RES, P_ACT, P_OUT, P_MR,
  P_TASKS_P, P_ROWS, P_KBLOCK, P_M, P_O, P_NPANELS, P_KK, P_NR, P_NT, P_WORDS) = range(21)  # fmt: skip
+PANEL_MAJOR = 32  # the flag (in the has_res word): tasks ordered panel by panel
 TASKS_PER_THREAD = 4  # a product is cut into at least this many tasks per thread (when it can)
 # multiply-adds a GEMM task does at most (~40 us): the pool's master goes solo for a while
 # after waiting ~1 ms for a worker's task, so a task must be far shorter than that; with
@@ -36,7 +37,8 @@ TASK_MACS = 1 << 23  # (depthwise tasks: 1/32 of it, ~8 x slower per multiply-ad
 _STATE: dict = {}
 carray = None  # numba.carray, bound by _build
 _ld = _vptr = _block = _rows_first = _run = _acquire = _dw_rows = _post_rows = _maxpool_rows = None
-_CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
+_run_jit = None  # _run_py compiled (for _rerun_py), bound by _build
+_CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = _CTRL_WORDS = 0  # the pool's words, bound by _build
 
 
 def _gemm_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
@@ -71,8 +73,12 @@ def _gemm_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
     hi_act = np.float32(6.0 if act == 2 else np.inf)
     last_flags = (6 if has_res & 1 else 2) | (has_res & 8)  # 8: streaming stores
     rows_first = has_res & G.ROWS_FIRST and nkb == 1 and panels > 1 and tasks_p == 1
+    tasks_m = (m_total + rows - 1) // rows
     for task in range(r0, r1):
-        tm, tp = task // tasks_p, task % tasks_p
+        if has_res & PANEL_MAJOR:  # a panel's row blocks one after another (conv's _gemm_plan)
+            tm, tp = task % tasks_m, task // tasks_m
+        else:
+            tm, tp = task // tasks_p, task % tasks_p
         q0 = tm * rows
         q1 = min(m_total, q0 + rows)
         j0, j1 = panels * tp // tasks_p, panels * (tp + 1) // tasks_p
@@ -124,6 +130,14 @@ def _run_py(ctrl, own, params, fn, rows, chunk):  # pragma: no cover - compiled
     return _run(ctrl.ctypes.data, (rows + chunk - 1) // chunk, shared)
 
 
+def _rerun_py(ctrl, job, fn, tasks, a, out, res):  # pragma: no cover - compiled
+    """rerun_gemm's call: a copy of the kept block with this call's addresses, on the pool (the
+    three ``ctypes.data`` and the control block made here, not in Python: ~3 us a call)."""
+    params = job.copy()
+    params[P_A], params[P_OUT], params[P_RES] = a.ctypes.data, out.ctypes.data, res.ctypes.data
+    return _run_jit(ctrl, np.zeros(_CTRL_WORDS, np.int64), params, fn, tasks, 1)
+
+
 def _build(nb) -> dict:
     from llvmlite import ir
     from numba import types
@@ -167,8 +181,12 @@ def _build(nb) -> dict:
     tasks = {k: nb.cfunc(sig, nopython=True, cache=True)(f) for k, f in
              (("gemm", _gemm_task_py), ("dw", _dw_task_py), ("post", _post_task_py),
               ("maxpool", _maxpool_task_py))}  # fmt: skip
+    g["_CTRL_WORDS"] = pool.CTRL_WORDS
     run = nb.njit(nogil=True, cache=True)(_run_py)
-    return {"ok": True, "tasks": tasks, "fn": {k: t.address for k, t in tasks.items()}, "run": run}
+    g["_run_jit"] = run
+    rerun = nb.njit(nogil=True, cache=True)(_rerun_py)
+    fn = {k: t.address for k, t in tasks.items()}
+    return {"ok": True, "tasks": tasks, "fn": fn, "run": run, "rerun": rerun}
 
 
 def state() -> dict | None:
@@ -230,10 +248,10 @@ def gemm(
 def rerun_gemm(job: tuple, a: np.ndarray, out: np.ndarray, res: np.ndarray | None) -> None:
     """A kept job of gemm_params (its operand checks passed once) on new a, out and res of the
     shapes, dtype and layout it was built for: only their addresses change."""
-    params = job[0].copy()  # a copy: another thread may run the same job
-    params[P_A], params[P_OUT] = a.ctypes.data, out.ctypes.data
-    params[P_RES] = params[P_OUT] if res is None else res.ctypes.data
-    _go("gemm", params, job[1], 1)
+    from ember.kernels.cpu import pool
+
+    st = _STATE  # the kept block is copied there: another thread may run the same job
+    st["rerun"](pool.ctrl(), job[0], st["fn"]["gemm"], job[1], a, out, out if res is None else res)
 
 
 def gemm_params(
