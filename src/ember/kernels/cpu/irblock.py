@@ -60,7 +60,7 @@ from ember.kernels.cpu import gemm as G
 _STATE: dict = {}
 _LOCK = threading.Lock()
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = _bands = None  # bound by _build
+_ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = _bands = _submit = None  # bound
 _CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 # descriptor words
@@ -258,13 +258,9 @@ def _head_task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
     _fetch_add(claims + sl * 8, -1)
 
 
-def _head_go_py(ctrl, own, desc, fn, items, x, out, scr, acc, claims):
-    """_go_py for the head: the call's five addresses, then its panel groups on the pool
-    (pragma: no cover - compiled)."""
-    d = desc.copy()
-    d[H_X], d[H_OUT], d[H_SCR], d[H_ACC] = x.ctypes.data, out.ctypes.data, scr.ctypes.data, \
-        acc.ctypes.data  # fmt: skip
-    d[H_CLAIMS] = claims.ctypes.data
+def _submit_py(ctrl, own, d, fn, items):  # pragma: no cover - compiled
+    """Run ``items`` tasks of fn on descriptor d on the pool (on ``own`` alone when another
+    thread holds the pool's job block)."""
     shared = _acquire(ctrl.ctypes.data)
     if shared == 0:
         ctrl = own
@@ -274,6 +270,16 @@ def _head_go_py(ctrl, own, desc, fn, items, x, out, scr, acc, claims):
     ctrl[_WI] = d.ctypes.data
     ctrl[_GROUP0] = fn
     _run(ctrl.ctypes.data, items, shared)
+
+
+def _head_go_py(ctrl, own, desc, fn, items, x, out, scr, acc, claims):
+    """_go_py for the head: the call's five addresses, then its panel groups on the pool
+    (pragma: no cover - compiled)."""
+    d = desc.copy()
+    d[H_X], d[H_OUT], d[H_SCR], d[H_ACC] = x.ctypes.data, out.ctypes.data, scr.ctypes.data, \
+        acc.ctypes.data  # fmt: skip
+    d[H_CLAIMS] = claims.ctypes.data
+    _submit(ctrl, own, d, fn, items)
 
 
 def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, res, nchw, has_res, has_nchw, tmp):
@@ -290,15 +296,7 @@ def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, res, nchw, has_res, 
         d[q + D_RES] = res.ctypes.data if has_res and k == 0 else 0
         d[q + D_SRC] = nchw.ctypes.data if has_nchw else 0
     d[D_COUNT] = claims.ctypes.data + d[D_NSLOTS] * 8  # an image's finished parts
-    shared = _acquire(ctrl.ctypes.data)
-    if shared == 0:
-        ctrl = own
-    ctrl[_CHUNK] = 1
-    ctrl[_ROWS] = items
-    ctrl[_GROUPS] = 1
-    ctrl[_WI] = d.ctypes.data
-    ctrl[_GROUP0] = fn
-    _run(ctrl.ctypes.data, items, shared)
+    _submit(ctrl, own, d, fn, items)
 
 
 def _build(nb) -> dict:
@@ -326,6 +324,7 @@ def _build(nb) -> dict:
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
     pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
+    g["_submit"] = nb.njit(nogil=True, cache=True)(_submit_py)
     go = nb.njit(nogil=True, cache=True)(_go_py)
     head = nb.cfunc(sig, nopython=True, cache=True)(_head_task_py)
     head_go = nb.njit(nogil=True, cache=True)(_head_go_py)
