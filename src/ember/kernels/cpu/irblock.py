@@ -356,12 +356,19 @@ def _scratch(size: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
     """This thread's scratch of at least size floats (grown, never shrunk: its pages stay) and
     the slots' claim counts (zeros when made; every task puts its count back to zero when it
     ends, so they are zero at the start of every job)."""
-    buf, claims = getattr(_local, "buf", None), getattr(_local, "claims", None)
-    if buf is None or buf.size < size:
-        buf = _local.buf = np.empty(size, np.float32)
+    claims = getattr(_local, "claims", None)
     if claims is None or claims.size < slots:
         claims = _local.claims = np.zeros(max(slots, 8), np.int64)
-    return buf, claims
+    return _grown("buf", size, np.float32), claims
+
+
+def _grown(name: str, size: int, dtype) -> np.ndarray:
+    """This thread's array ``name`` of at least size elements (grown, never shrunk)."""
+    buf = getattr(_local, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(size, dtype)
+        setattr(_local, name, buf)
+    return buf
 
 
 def _rowoffs(rows: int, k: int) -> np.ndarray:
@@ -454,7 +461,7 @@ class Plan:
         out = np.empty((self.n, *self.out_hw, self.co), np.float32)
         # an image's count of finished parts follows the slots' claim counts
         scr, claims = _scratch(self.nslots * self.slot, self.nslots + self.n)
-        tmp = out if self.parts == 1 else _partials((self.parts - 1) * out.size)
+        tmp = out if self.parts == 1 else _grown("parts", (self.parts - 1) * out.size, np.float32)
         own = getattr(_local, "own", None)  # the job block for when another thread holds the pool's
         if own is None:
             own = _local.own = np.zeros(pool.CTRL_WORDS, np.int64)
@@ -510,14 +517,6 @@ def _describe(n, h, w, src, expand, ep, dw, stride, pads, project, has_res, tpi,
     return d, slot, keep
 
 
-def _partials(size: int) -> np.ndarray:
-    """This thread's array for the channel parts' partial products (grown, never shrunk)."""
-    buf = getattr(_local, "parts", None)
-    if buf is None or buf.size < size:
-        buf = _local.parts = np.empty(size, np.float32)
-    return buf
-
-
 def _panels(w, nr: int) -> np.ndarray:
     """A PackedWeight's panels if they are nr wide, else its values packed so (a weight of at
     most NR/2 outputs carries gemm_narrow's panels)."""
@@ -565,18 +564,10 @@ class HeadPlan:
 
         out = np.empty((self.n, self.o), np.float32)
         scr, claims = _scratch(self.nslots * self.slot, self.nslots)
-        acc = _head_acc(self.n * self.o)
+        acc = _grown("hacc", self.n * self.o, np.float64)  # the float64 sums
         own = getattr(_local, "own", None)
         if own is None:
             own = _local.own = np.zeros(pool.CTRL_WORDS, np.int64)
         _STATE["head_go"](pool.ctrl(), own, self.desc, _STATE["head_fn"], self.items, x, out,
                           scr, acc, claims)  # fmt: skip
         return out
-
-
-def _head_acc(size: int) -> np.ndarray:
-    """This thread's float64 sums for a head (grown, never shrunk)."""
-    acc = getattr(_local, "hacc", None)
-    if acc is None or acc.size < size:
-        acc = _local.hacc = np.empty(size, np.float64)
-    return acc
