@@ -215,8 +215,8 @@ def test_residual_that_broadcasts_and_values_read_twice_stay_right():
 @pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (5, 3, 2)])
 @pytest.mark.parametrize("after_conv", [True, False])
 def test_max_pool_of_a_channels_last_conv_output(k, s, p, after_conv):
-    """MaxPool reads a fused conv's channels-last result on the NHWC kernel directly; an NCHW
-    input (the graph's own) goes through F.max_pool2d; both equal the plain graph."""
+    """MaxPool of a fused conv's channels-last result (F.max_pool2d's NHWC kernel) and of the
+    graph's own NCHW input both equal the plain graph."""
     c, o = 3, 37
     pool = helper.make_node("MaxPool", ["y" if after_conv else "x"], ["out"], kernel_shape=[k, k],
                             strides=[s, s], pads=[p] * 4)  # fmt: skip

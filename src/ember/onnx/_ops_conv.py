@@ -213,27 +213,6 @@ def _tap_index(x, taps, s, d, lo, outs, a: Attrs) -> Tensor:
     return const(base + lin[None, None], np.int64)
 
 
-def _max_pool_nhwc(x: Tensor, k: list[int], s: list[int], p: list[int]) -> Tensor | None:
-    """A floor-mode 2-D max pool of a channels-last float32 map (a fused conv's result) straight
-    on the NHWC kernel, or None. Through ``F.max_pool2d`` the op's dispatch and checks were ~45
-    us of ResNet-50 b1's ~0.2 ms pool node in the network (its kernel ~0.16; ad-hoc timing)."""
-    d = x._data
-    if d.ndim != 4 or (ember.is_grad_enabled() and x.requires_grad):
-        return None
-    t = d.transpose(0, 2, 3, 1)
-    if not t.flags.c_contiguous:
-        return None
-    from ember.kernels.cpu import conv
-
-    n, h, w, c = t.shape
-    oh, ow = (h + 2 * p[0] - k[0]) // s[0] + 1, (w + 2 * p[1] - k[1]) // s[1] + 1
-    if min(oh, ow) <= 0:
-        return None
-    out = np.empty((n, oh, ow, c), np.float32)
-    conv.maxpool_nhwc(t, out, k[0], k[1], s[0], s[1], p[0], p[1])
-    return Tensor._wrap(out.transpose(0, 3, 1, 2))
-
-
 @op("MaxPool")
 def _max_pool(a: Attrs, x):
     k = list(a.get("kernel_shape"))
@@ -242,9 +221,6 @@ def _max_pool(a: Attrs, x):
     if nd == 2 and lo == hi and a.n_out == 1 and npdt(x) == np.float32:
         ceil = bool(a.get("ceil_mode", 0))
         if all(p <= kk // 2 for p, kk in zip(lo, k)):
-            y = _max_pool_nhwc(x, k, s, lo) if not ceil and d == [1, 1] else None
-            if y is not None:
-                return y
             return F.max_pool2d(x, tuple(k), tuple(s), tuple(lo), tuple(d), ceil_mode=ceil)
     return _generic_pool(a, x, "max")
 
