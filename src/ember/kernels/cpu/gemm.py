@@ -629,11 +629,12 @@ ROWS_FIRST_BYTES = 3 << 20
 ROWS_FIRST = 16  # the flag (in the has_res word, with the streaming stores' 8)
 
 
-def rows_first(m: int, o: int, kk: int) -> int:
-    """ROWS_FIRST for an (m, o) float32 output of ROWS_FIRST_BYTES or more over a weight of at
-    most K_BLOCK rows (each tile reads every panel: a deeper weight would not stay in cache),
-    else 0."""
-    return ROWS_FIRST if m * o * 4 >= ROWS_FIRST_BYTES and kk <= K_BLOCK else 0
+def job_flags(has_res: bool, stream: bool, m: int, o: int, kk: int) -> int:
+    """The driver's has_res word: 1 with a residual, 8 for streaming stores, and ROWS_FIRST for
+    an (m, o) float32 output of ROWS_FIRST_BYTES or more over a weight of at most K_BLOCK rows
+    (each tile reads every panel: a deeper weight would not stay in cache)."""
+    big = m * o * 4 >= ROWS_FIRST_BYTES and kk <= K_BLOCK
+    return int(has_res) | (8 if stream else 0) | (ROWS_FIRST if big else 0)
 
 
 K_BLOCK = 256  # rows of a panel (32 KB at NR=32) kept in L1 while the chunk's tiles use them
@@ -696,7 +697,7 @@ def gemm(
         and out.ctypes.data % 64 == 0
         and (o * 4) % (ISAS[st["isa"]][0] * 4) == 0
     )
-    flags = int(res is not None) | (8 if stream else 0) | rows_first(m, o, packed.shape[1])
+    flags = job_flags(res is not None, stream, m, o, packed.shape[1])
     kblock = kblock or k_block(panels, packed.shape[1])
     small = m * o * packed.shape[1] < SERIAL_BELOW and packed.nbytes < SERIAL_MAX_WEIGHT_BYTES
     if threads == 1 or small:  # waking the workers costs more

@@ -283,8 +283,7 @@ def gemm_params(
     r = out if res is None else res
     params = np.array(
         [a.ctypes.data, rowoff.ctypes.data, tapoff.ctypes.data, kc, packed.ctypes.data,
-         bias.ctypes.data, r.ctypes.data, int(res is not None) | (8 if stream else 0)
-         | G.rows_first(m, o, kk), act,
+         bias.ctypes.data, r.ctypes.data, G.job_flags(res is not None, stream, m, o, kk), act,
          out.ctypes.data, mr, tasks_p, rows, kblock or G.k_block(panels, kk), m, o, panels, kk, nr,
          len(tapoff)],
         np.int64,
