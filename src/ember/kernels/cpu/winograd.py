@@ -25,16 +25,19 @@ task of a group redoes its tiles' input transform, which cost more than the shar
 saved. ResNet-50 b1 in the network (2 threads, per node, alternating in one process):
 28x28x128 0.32-0.38 ms with groups of 2 panels and blocks of 12 (the earlier plan) against
 0.22-0.26 now, 56x56x64 0.31-0.37 against 0.26-0.33; the earlier code, float64 constants
-included: 0.39 and 0.35-0.40 (onnxruntime: 0.46, 0.45). Measured worse or level: the input
-transform of all tiles first as its own pool job, then tasks over all tiles by panel (U read
-once; level alone, 0.31-0.52 against 0.30-0.37 in the network), blocks of 24 or 48 tiles,
-software prefetch of the next U panels (level), a task per panel over all tiles (0.41-0.47).
-
-``matrices`` builds F(m, 3) for any m (Toom-Cook on 0, +-1, +-2, +-1/2, ...; m = 4 gives Lavin
-and Gray's matrices, which the kernel writes out) and ``reference`` is the float64 algorithm.
-Accuracy: U is rounded to float32 once; measured against the float64 direct conv, ResNet-50's
-layers are off by 5e-6 to 1.2e-5 of their largest output (float32 direct GEMM: ~5e-7), and
-ResNet-50's logits by 1.4e-7 from onnxruntime's (bench/onnx_models.py's bound: 1e-4).
+included: 0.39 and 0.35-0.40 (onnxruntime: 0.46, 0.45); 1 thread, against the earlier code:
+0.55-0.63 -> 0.37-0.41 and 0.69-0.77 -> 0.41-0.49 (the network: 37.8 -> 35.3 ms). Measured and left out (28x28x128, same
+setting): the input transform of all tiles first as a pool job of its own, then tasks by panel
+group over it (level in one run, 0.43-0.47 against 0.36-0.37 in another); blocks of 24 tiles
+(level); software prefetch of the next U panels (level to 0.03 ms worse); one task per panel
+over all 49 tiles (0.41-0.47 against 0.28-0.31). The 14x14x256 layers at b1 (16 tiles, one
+block in four panel groups) took 0.41-0.52 ms against the direct conv's 0.52-0.55, but the
+whole network was level (20.41 against 20.39 ms: their U, 9.4 MB each, evicts the other
+layers' data), so conv.WINOGRAD_MIN_TILES still keeps them direct. Batch 8 (same setting, one
+run each): 56x56x64 3.4 -> 2.3 ms, 28x28x128 2.2-2.4 -> 1.7-1.95, 14x14x256 2.6 -> 2.4. V and M
+are tile-major, so a transform pass's six streams lie C apart (V's row pass alone, 49 tiles:
+7.4 us against 10-50 for xi-major, whose speed hung on how LLVM took the code around it; the
+whole conv level or a little ahead: b8 28x28x128, 1 thread, 3.02 -> 2.94 ms).
 """
 
 from __future__ import annotations
