@@ -40,7 +40,11 @@ def test_matrices_are_a_convolution():
 @pytest.mark.parametrize(
     "n,h,w,c,o,act,with_res",
     [(1, 7, 9, 5, 6, 0, False), (2, 8, 8, 16, 40, 1, True), (1, 13, 6, 33, 70, 2, False),
-     (3, 5, 11, 48, 33, 1, True), (1, 1, 1, 8, 8, 0, True)],
+     (3, 5, 11, 48, 33, 1, True), (1, 1, 1, 8, 8, 0, True),
+     # tiles not a multiple of the block (49: 12 + 12 + 12 + 13, a 13-row block as 7 + 6 rows),
+     # blocks across images, and (2 threads) panel groups where there are few blocks
+     (1, 28, 28, 40, 70, 1, True), (2, 13, 17, 33, 40, 2, False), (3, 9, 30, 16, 33, 1, True),
+     (1, 20, 19, 8, 100, 2, True)],
 )  # fmt: skip
 def test_kernel_matches_direct(n, h, w, c, o, act, with_res, threads):
     rng = np.random.default_rng(h * w + c)
@@ -58,6 +62,18 @@ def test_kernel_matches_direct(n, h, w, c, o, act, with_res, threads):
         ember.set_num_threads(old)
     scale = np.abs(_direct(x, wt, b, res, 0)).max()  # before the activation clips it
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * scale)
+
+
+@pytest.mark.parametrize("ntiles", [1, 11, 12, 23, 24, 49, 196, 392])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_plan_covers_the_work(ntiles, threads):
+    """Blocks of TILE_BLOCK to 2 TILE_BLOCK - 1 tiles (fewer only when there are fewer), and
+    panel groups only at several threads with few blocks."""
+    nblocks, groups = W._plan(ntiles, 4, threads)
+    sizes = [ntiles * (k + 1) // nblocks - ntiles * k // nblocks for k in range(nblocks)]
+    assert sum(sizes) == ntiles and min(sizes) >= min(ntiles, W.TILE_BLOCK)
+    assert max(sizes) < max(ntiles + 1, 2 * W.TILE_BLOCK)
+    assert 1 <= groups <= 4 and (groups == 1 or (threads > 1 and nblocks < 2 * threads))
 
 
 @pytest.mark.parametrize("h,c", [(56, 64), (28, 128), (14, 256)])

@@ -7,19 +7,37 @@ input patch and g the 3 x 3 filter: per tile and channel pair, (m+2)^2 products 
 xi, a GEMM (tiles x C) @ (C x O) on the transformed weight U[xi] = G g G^T, packed once into the
 GEMM's NR-wide panels (``pack``; ``weights`` keeps it on the PackedWeight: 4x the weight).
 
-One task (a block of TILE_BLOCK tiles x a group of panels) does all three steps while its data
-is in cache: the input transform of its tiles into V (xi, tiles, C), the 36 products on the
-microkernel into M (xi, tiles, the group's columns), and the output transform with bias,
+One task (a block of about TILE_BLOCK tiles x a group of panels) does all three steps while its
+data is in cache: the input transform of its tiles into V (tiles, xi, C), the 36 products on
+the microkernel into M (tiles, xi, the group's columns), and the output transform with bias,
 residual and ReLU/ReLU6 into the NHWC output; only the input, U and the output go through
 memory. The transforms are F(4x4)'s B^T and A^T written out (each pass reads six vectors of
 channels and writes six); a loop over general coefficients kept its sums in memory and took
-longer than the products. Tasks run on ember's pool (``pool_tasks.run_task``).
+longer than the products. Their constants are float32: as Python floats they made numba compute
+in float64, converting every value there and back (28x28x128, 1 thread: 0.52 -> 0.46 ms).
+Tasks run on ember's pool (``pool_tasks.run_task``).
 
-``matrices`` builds F(m, 3) for any m (Toom-Cook on 0, +-1, +-2, +-1/2, ...; m = 4 gives Lavin
-and Gray's matrices, which the kernel writes out) and ``reference`` is the float64 algorithm.
-Accuracy: U is rounded to float32 once; measured against the float64 direct conv, ResNet-50's
-layers are off by 5e-6 to 1.2e-5 of their largest output (float32 direct GEMM: ~5e-7), and
-ResNet-50's logits by 1.4e-7 from onnxruntime's (bench/onnx_models.py's bound: 1e-4).
+Schedule (``_plan``): the tiles are split into blocks of TILE_BLOCK to TILE_BLOCK + 11 (the
+remainder spread over them: 49 tiles are 12 + 12 + 12 + 13, not four of 12 and one of 1 that
+reads all of U for one tile), a block's rows into microkernel calls of even size (13: 7 + 6),
+and the panels into groups only where there are fewer than GROUP_TASKS blocks per thread: a
+task of a group redoes its tiles' input transform, which cost more than the shared reads of U
+saved. ResNet-50 b1 in the network (2 threads, per node, alternating in one process):
+28x28x128 0.32-0.38 ms with groups of 2 panels and blocks of 12 (the earlier plan) against
+0.22-0.26 now, 56x56x64 0.31-0.37 against 0.26-0.33; the earlier code, float64 constants
+included: 0.39 and 0.35-0.40 (onnxruntime: 0.46, 0.45); 1 thread, against the earlier code:
+0.55-0.63 -> 0.37-0.41 and 0.69-0.77 -> 0.41-0.49 (the network: 37.8 -> 35.3 ms). Measured and left out (28x28x128, same
+setting): the input transform of all tiles first as a pool job of its own, then tasks by panel
+group over it (level in one run, 0.43-0.47 against 0.36-0.37 in another); blocks of 24 tiles
+(level); software prefetch of the next U panels (level to 0.03 ms worse); one task per panel
+over all 49 tiles (0.41-0.47 against 0.28-0.31). The 14x14x256 layers at b1 (16 tiles, one
+block in four panel groups) took 0.41-0.52 ms against the direct conv's 0.52-0.55, but the
+whole network was level (20.41 against 20.39 ms: their U, 9.4 MB each, evicts the other
+layers' data), so conv.WINOGRAD_MIN_TILES still keeps them direct. Batch 8 (same setting, one
+run each): 56x56x64 3.4 -> 2.3 ms, 28x28x128 2.2-2.4 -> 1.7-1.95, 14x14x256 2.6 -> 2.4. V and M
+are tile-major, so a transform pass's six streams lie C apart (V's row pass alone, 49 tiles:
+7.4 us against 10-50 for xi-major, whose speed hung on how LLVM took the code around it; the
+whole conv level or a little ahead: b8 28x28x128, 1 thread, 3.02 -> 2.94 ms).
 """
 
 from __future__ import annotations
@@ -33,11 +51,14 @@ _STATE: dict = {}
 _micro = _task = (
     None  # gemm's microkernel dispatcher, bound before compiling (numba caches on globals)
 )
-# tiles per task: one microkernel tile of rows; 24 left more of the 14x14 layers' work on one
-# task at batch 1 (alone, 2 threads: 56x56x64 0.33 ms either way, 28x28x128 0.31-0.44 against
-# 0.38, 14x14x256 0.40 against 0.55; ResNet-50 b1 22.0 / 23.9 ms against 23.9 / 25.4, b8
-# 160 / 170 against 164 / 182, alternating runs of bench/onnx_models.py)
+# tiles per task (at least; see the module doc): one microkernel tile of rows; 24 left more of
+# the 14x14 layers' work on one task at batch 1 (alone, 2 threads: 56x56x64 0.33 ms either way,
+# 28x28x128 0.31-0.44 against 0.38, 14x14x256 0.40 against 0.55; ResNet-50 b1 22.0 / 23.9 ms
+# against 23.9 / 25.4, b8 160 / 170 against 164 / 182, alternating runs of
+# bench/onnx_models.py)
 TILE_BLOCK = 12
+# tasks per thread below which the panels are split into groups too
+GROUP_TASKS = 2
 
 
 def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,9 +131,9 @@ def pack(w: np.ndarray, m: int, nr: int) -> np.ndarray:
 
 
 def _task_py(
-    xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, task
+    xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, nblocks, groups, mr, blk, grp
 ):  # pragma: no cover - compiled
-    """One task: a block of tb tiles by one group of panels (input transform, products, output
+    """One task: block blk of the nblocks blocks of tiles by group grp of the panels (input transform, products, output
     transform; see the module doc). xf: the padded NHWC input (N, hp, wp, C), rf/of: the
     residual and the output (N, oh, ow, O), all flat; u: the packed weight (36, panels, C, NR)."""
     nxi, panels, _, nr = u.shape
@@ -121,19 +142,22 @@ def _task_py(
     lo = np.float32(-np.inf if act == 0 else 0.0)
     hi = np.float32(6.0 if act == 2 else np.inf)
     ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
-    blk, grp = task // groups, task % groups
-    t0 = blk * tb
-    t1 = min(ntiles, t0 + tb)
+    f2, f4, f5, f8 = np.float32(2.0), np.float32(4.0), np.float32(5.0), np.float32(8.0)
+    tb = (ntiles + nblocks - 1) // nblocks
+    t0, t1 = ntiles * blk // nblocks, ntiles * (blk + 1) // nblocks
     nt = t1 - t0
     j0, j1 = panels * grp // groups, panels * (grp + 1) // groups
     oc0, oc1 = j0 * nr, min(o, j1 * nr)
     ldm = (j1 - j0) * nr
+    # V (tiles, xi, C) and M (tiles, xi, the group's columns) tile-major: a transform pass's
+    # six streams lie C (or ldm) apart, and the products read rows 36 C apart
+    vt, vx, mt, mx = nxi * c, c, nxi * ldm, ldm
     v = np.empty(nxi * tb * c, np.float32)
     tmp = np.empty(36 * c, np.float32)
     mm = np.empty(nxi * tb * ldm, np.float32)
     acc = np.empty(24 * ldm, np.float32)
     yrow = np.empty(4 * ldm, np.float32)
-    rowoff = np.arange(tb) * c
+    rowoff = np.arange(tb) * vt
     tap0 = np.zeros(1, np.int64)
     u64 = np.uint64  # unsigned indices: no wraparound checks, the channel loops vectorise
     # input transform V = BT d BT^T, F(4x4, 3x3)'s BT written out: each pass reads 6 vectors
@@ -143,9 +167,9 @@ def _task_py(
         r = t - b * th * tw
         y0 = (r // tw) * 4
         x0 = (r % tw) * 4
+        rs = wp * c
         for l in range(6):  # columns: tmp[i, l] = sum_k BT[i, k] d[k, l]
             s0 = ((b * hp + y0) * wp + x0 + l) * c
-            rs = wp * c
             d0 = l * c
             for q in range(c):
                 e0 = xf[u64(s0 + q)]
@@ -154,16 +178,15 @@ def _task_py(
                 e3 = xf[u64(s0 + 3 * rs + q)]
                 e4 = xf[u64(s0 + 4 * rs + q)]
                 e5 = xf[u64(s0 + 5 * rs + q)]
-                tmp[u64(d0 + q)] = 4.0 * e0 - 5.0 * e2 + e4
-                tmp[u64(d0 + 6 * c + q)] = -4.0 * (e1 + e2) + e3 + e4
-                tmp[u64(d0 + 12 * c + q)] = 4.0 * (e1 - e2) - e3 + e4
-                tmp[u64(d0 + 18 * c + q)] = 2.0 * (e3 - e1) - e2 + e4
-                tmp[u64(d0 + 24 * c + q)] = 2.0 * (e1 - e3) - e2 + e4
-                tmp[u64(d0 + 30 * c + q)] = 4.0 * e1 - 5.0 * e3 + e5
+                tmp[u64(d0 + q)] = f4 * e0 - f5 * e2 + e4
+                tmp[u64(d0 + 6 * c + q)] = -f4 * (e1 + e2) + e3 + e4
+                tmp[u64(d0 + 12 * c + q)] = f4 * (e1 - e2) - e3 + e4
+                tmp[u64(d0 + 18 * c + q)] = f2 * (e3 - e1) - e2 + e4
+                tmp[u64(d0 + 24 * c + q)] = f2 * (e1 - e3) - e2 + e4
+                tmp[u64(d0 + 30 * c + q)] = f4 * e1 - f5 * e3 + e5
         for i in range(6):  # rows: V[i*6 + j] = sum_l tmp[i, l] BT[j, l]
             s0 = i * 6 * c
-            vs = tb * c
-            d0 = ((i * 6) * tb + t - t0) * c
+            d0 = (t - t0) * vt + i * 6 * vx
             for q in range(c):
                 e0 = tmp[u64(s0 + q)]
                 e1 = tmp[u64(s0 + c + q)]
@@ -171,12 +194,12 @@ def _task_py(
                 e3 = tmp[u64(s0 + 3 * c + q)]
                 e4 = tmp[u64(s0 + 4 * c + q)]
                 e5 = tmp[u64(s0 + 5 * c + q)]
-                v[u64(d0 + q)] = 4.0 * e0 - 5.0 * e2 + e4
-                v[u64(d0 + vs + q)] = -4.0 * (e1 + e2) + e3 + e4
-                v[u64(d0 + 2 * vs + q)] = 4.0 * (e1 - e2) - e3 + e4
-                v[u64(d0 + 3 * vs + q)] = 2.0 * (e3 - e1) - e2 + e4
-                v[u64(d0 + 4 * vs + q)] = 2.0 * (e1 - e3) - e2 + e4
-                v[u64(d0 + 5 * vs + q)] = 4.0 * e1 - 5.0 * e3 + e5
+                v[u64(d0 + q)] = f4 * e0 - f5 * e2 + e4
+                v[u64(d0 + vx + q)] = -f4 * (e1 + e2) + e3 + e4
+                v[u64(d0 + 2 * vx + q)] = f4 * (e1 - e2) - e3 + e4
+                v[u64(d0 + 3 * vx + q)] = f2 * (e3 - e1) - e2 + e4
+                v[u64(d0 + 4 * vx + q)] = f2 * (e1 - e3) - e2 + e4
+                v[u64(d0 + 5 * vx + q)] = f4 * e1 - f5 * e3 + e5
     # the 36 products, tiles of MR rows on the microkernel
     va, ma, ra, ta, ua = (
         v.ctypes.data,
@@ -185,15 +208,17 @@ def _task_py(
         tap0.ctypes.data,
         u.ctypes.data,
     )
+    ncalls = (nt + mr - 1) // mr
     for xi in range(nxi):
         for j in range(j0, j1):
             bp = ua + ((xi * panels + j) * c * nr) * 4
             nc = min(nr, o - j * nr)
-            for p in range(0, nt, mr):
-                cp = ma + ((xi * tb + p) * ldm + (j - j0) * nr) * 4
-                args = (va + (xi * tb * c) * 4, ra + p * 8, ta, 1, c, bp)
-                args2 = (cp, ldm, nc, bp, cp, 0, ninf, pinf, bp, 0)
-                _micro(min(mr, nt - p), args + args2)
+            for k in range(ncalls):  # rows split evenly: 13 as 7 + 6, not 12 + 1
+                p, p1 = nt * k // ncalls, nt * (k + 1) // ncalls
+                cp = ma + (p * mt + xi * mx + (j - j0) * nr) * 4
+                args = (va + (xi * vx) * 4, ra + p * 8, ta, 1, c, bp)
+                args2 = (cp, mt, nc, bp, cp, 0, ninf, pinf, bp, 0)
+                _micro(p1 - p, args + args2)
     # output transform Y = AT M AT^T (written out as above), + bias [+ res], clamp, stored
     # where it lies inside the output
     w_ = oc1 - oc0
@@ -202,23 +227,22 @@ def _task_py(
         r = t - b * th * tw
         y0 = (r // tw) * 4
         x0 = (r % tw) * 4
-        ms = tb * ldm
         for l in range(6):  # columns: acc[i, l] = sum_k AT[i, k] M[k*6 + l]
-            s0 = (l * tb + t - t0) * ldm
+            s0 = (t - t0) * mt + l * mx
             d0 = l * ldm
             for q in range(w_):
                 e0 = mm[u64(s0 + q)]
-                e1 = mm[u64(s0 + 6 * ms + q)]
-                e2 = mm[u64(s0 + 12 * ms + q)]
-                e3 = mm[u64(s0 + 18 * ms + q)]
-                e4 = mm[u64(s0 + 24 * ms + q)]
-                e5 = mm[u64(s0 + 30 * ms + q)]
+                e1 = mm[u64(s0 + 6 * mx + q)]
+                e2 = mm[u64(s0 + 12 * mx + q)]
+                e3 = mm[u64(s0 + 18 * mx + q)]
+                e4 = mm[u64(s0 + 24 * mx + q)]
+                e5 = mm[u64(s0 + 30 * mx + q)]
                 p12, m12 = e1 + e2, e1 - e2
                 p34, m34 = e3 + e4, e3 - e4
                 acc[u64(d0 + q)] = e0 + p12 + p34
-                acc[u64(d0 + 6 * ldm + q)] = m12 + 2.0 * m34
-                acc[u64(d0 + 12 * ldm + q)] = p12 + 4.0 * p34
-                acc[u64(d0 + 18 * ldm + q)] = m12 + 8.0 * m34 + e5
+                acc[u64(d0 + 6 * ldm + q)] = m12 + f2 * m34
+                acc[u64(d0 + 12 * ldm + q)] = p12 + f4 * p34
+                acc[u64(d0 + 18 * ldm + q)] = m12 + f8 * m34 + e5
         for i in range(4):  # rows: Y[i, j] = sum_l acc[i, l] AT[j, l] + bias
             if y0 + i >= oh:
                 break
@@ -234,9 +258,9 @@ def _task_py(
                 p12, m12 = e1 + e2, e1 - e2
                 p34, m34 = e3 + e4, e3 - e4
                 yrow[u64(q)] = e0 + p12 + p34 + bq
-                yrow[u64(ldm + q)] = m12 + 2.0 * m34 + bq
-                yrow[u64(2 * ldm + q)] = p12 + 4.0 * p34 + bq
-                yrow[u64(3 * ldm + q)] = m12 + 8.0 * m34 + e5 + bq
+                yrow[u64(ldm + q)] = m12 + f2 * m34 + bq
+                yrow[u64(2 * ldm + q)] = p12 + f4 * p34 + bq
+                yrow[u64(3 * ldm + q)] = m12 + f8 * m34 + e5 + bq
             for j in range(min(4, ow - x0)):
                 o0 = ((b * oh + y0 + i) * ow + x0 + j) * o + oc0
                 y0q = j * ldm
@@ -248,25 +272,30 @@ def _task_py(
 
 
 def _pool_task_py(p, a1, a2, r0, r1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover
-    """Tasks r0..r1-1 of the conv whose parameter block (``_PARAMS``) is at address p."""
+    """Tasks r0..r1-1 of the conv whose parameter block (``conv``'s) is at address p."""
     n, oh, ow, o, c = _ld(p, 7), _ld(p, 8), _ld(p, 9), _ld(p, 10), _ld(p, 11)
     hp, wp, panels, nr = _ld(p, 12), _ld(p, 13), _ld(p, 14), _ld(p, 15)
+    nblocks, groups, mr = _ld(p, 16), _ld(p, 17), _ld(p, 18)
     xf = carray(_vptr(_ld(p, 0)), (n * hp * wp * c,), np.float32)
     u = carray(_vptr(_ld(p, 1)), (36, panels, c, nr), np.float32)
     bias = carray(_vptr(_ld(p, 2)), (o,), np.float32)
     rf = carray(_vptr(_ld(p, 3)), (n * oh * ow * o,), np.float32)
     of = carray(_vptr(_ld(p, 4)), (n * oh * ow * o,), np.float32)
-    has_res, act, tb, groups, mr = _ld(p, 5) != 0, _ld(p, 6), _ld(p, 16), _ld(p, 17), _ld(p, 18)
-    for task in range(r0, r1):
-        _task(xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, task)
+    has_res, act = _ld(p, 5) != 0, _ld(p, 6)
+    for task in range(r0, r1):  # group-major: a thread keeps to its panels' U
+        blk, grp = task % nblocks, task // nblocks
+        _task(xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, nblocks, groups, mr,
+              blk, grp)  # fmt: skip
 
 
 def _serial_py(
-    xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, ntasks
+    xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, nblocks, groups, mr
 ):  # pragma: no cover - compiled
     """Every task on the calling thread."""
-    for task in range(ntasks):
-        _task(xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, tb, groups, mr, task)
+    for task in range(nblocks * groups):
+        blk, grp = task % nblocks, task // nblocks
+        _task(xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, nblocks, groups, mr,
+              blk, grp)  # fmt: skip
 
 
 _ld = _vptr = carray = None  # pool_tasks' intrinsics and numba.carray, bound by _build
@@ -325,22 +354,28 @@ def conv(x, u, bias, res, act: int, out) -> np.ndarray:
     n, h, wd, c = x.shape
     o = out.shape[3]
     th, tw = -(-h // 4), -(-wd // 4)
+    ntiles = n * th * tw
     xp = _padded(x, 1, th * 4 + 1 - h, 1, tw * 4 + 1 - wd)
-    tb = TILE_BLOCK
-    nblocks = -(-(n * th * tw) // tb)
     panels = u.shape[1]
     threads = get_num_threads()
-    groups = min(panels, max(1, -(-4 * threads // nblocks)))
+    nblocks, groups = _plan(ntiles, panels, threads)
     r = out if res is None else res
-    params = np.array(
-        [xp.ctypes.data, u.ctypes.data, bias.ctypes.data, r.ctypes.data, out.ctypes.data,
-         int(res is not None), act, n, h, wd, o, c, xp.shape[1], xp.shape[2], panels,
-         u.shape[3], tb, groups, st["mr"]], np.int64,
-    )  # fmt: skip
     if threads == 1:
         st["serial"](xp.reshape(-1), u, bias, r.reshape(-1), out.reshape(-1), res is not None,
-                     act, n, h, wd, o, c, xp.shape[1], xp.shape[2], tb, groups, st["mr"],
-                     nblocks * groups)  # fmt: skip
+                     act, n, h, wd, o, c, xp.shape[1], xp.shape[2], nblocks, groups,
+                     st["mr"])  # fmt: skip
     else:
+        params = np.array(
+            [xp.ctypes.data, u.ctypes.data, bias.ctypes.data, r.ctypes.data, out.ctypes.data,
+             int(res is not None), act, n, h, wd, o, c, xp.shape[1], xp.shape[2], panels,
+             u.shape[3], nblocks, groups, st["mr"]], np.int64,
+        )  # fmt: skip
         pool_tasks.run_task(st["task"].address, params, nblocks * groups, 1)
     return out
+
+
+def _plan(ntiles: int, panels: int, threads: int) -> tuple[int, int]:
+    """(blocks of tiles, groups of panels): tasks of about TILE_BLOCK tiles (the remainder
+    spread over them), split by panels too only where there are too few blocks."""
+    nblocks = max(1, ntiles // TILE_BLOCK)
+    return nblocks, min(panels, -(-GROUP_TASKS * threads // nblocks)) if threads > 1 else 1
