@@ -26,8 +26,8 @@ saved. ResNet-50 b1 in the network (2 threads, per node, alternating in one proc
 28x28x128 0.32-0.38 ms with groups of 2 panels and blocks of 12 (the earlier plan) against
 0.22-0.26 now, 56x56x64 0.31-0.37 against 0.26-0.33; the earlier code, float64 constants
 included: 0.39 and 0.35-0.40 (onnxruntime: 0.46, 0.45); 1 thread, against the earlier code:
-0.55-0.63 -> 0.37-0.41 and 0.69-0.77 -> 0.41-0.49 (the network: 37.8 -> 35.3 ms). Measured and left out (28x28x128, same
-setting): the input transform of all tiles first as a pool job of its own, then tasks by panel
+0.55-0.63 -> 0.37-0.41 and 0.69-0.77 -> 0.41-0.49 (the network: 37.8 -> 35.3 ms).
+Measured and left out (28x28x128, same setting): the input transform of all tiles first as a pool job of its own, then tasks by panel
 group over it (level in one run, 0.43-0.47 against 0.36-0.37 in another); blocks of 24 tiles
 (level); software prefetch of the next U panels (level to 0.03 ms worse); one task per panel
 over all 49 tiles (0.41-0.47 against 0.28-0.31). The 14x14x256 layers at b1 (16 tiles, one
@@ -133,8 +133,8 @@ def pack(w: np.ndarray, m: int, nr: int) -> np.ndarray:
 def _task_py(
     xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, nblocks, groups, mr, blk, grp
 ):  # pragma: no cover - compiled
-    """One task: block blk of the nblocks blocks of tiles by group grp of the panels (input transform, products, output
-    transform; see the module doc). xf: the padded NHWC input (N, hp, wp, C), rf/of: the
+    """One task: block blk of the nblocks blocks of tiles by group grp of the panels (input
+    transform, products, output transform; see the module doc). xf: the padded NHWC input (N, hp, wp, C), rf/of: the
     residual and the output (N, oh, ow, O), all flat; u: the packed weight (36, panels, C, NR)."""
     nxi, panels, _, nr = u.shape
     th, tw = (oh + 3) // 4, (ow + 3) // 4
