@@ -27,17 +27,18 @@ saved. ResNet-50 b1 in the network (2 threads, per node, alternating in one proc
 0.22-0.26 now, 56x56x64 0.31-0.37 against 0.26-0.33; the earlier code, float64 constants
 included: 0.39 and 0.35-0.40 (onnxruntime: 0.46, 0.45); 1 thread, against the earlier code:
 0.55-0.63 -> 0.37-0.41 and 0.69-0.77 -> 0.41-0.49 (the network: 37.8 -> 35.3 ms).
-Measured and left out (28x28x128, same setting): the input transform of all tiles first as a pool job of its own, then tasks by panel
-group over it (level in one run, 0.43-0.47 against 0.36-0.37 in another); blocks of 24 tiles
-(level); software prefetch of the next U panels (level to 0.03 ms worse); one task per panel
-over all 49 tiles (0.41-0.47 against 0.28-0.31). The 14x14x256 layers at b1 (16 tiles, one
-block in four panel groups) took 0.41-0.52 ms against the direct conv's 0.52-0.55, but the
-whole network was level (20.41 against 20.39 ms: their U, 9.4 MB each, evicts the other
-layers' data), so conv.WINOGRAD_MIN_TILES still keeps them direct. Batch 8 (same setting, one
-run each): 56x56x64 3.4 -> 2.3 ms, 28x28x128 2.2-2.4 -> 1.7-1.95, 14x14x256 2.6 -> 2.4. V and M
-are tile-major, so a transform pass's six streams lie C apart (V's row pass alone, 49 tiles:
-7.4 us against 10-50 for xi-major, whose speed hung on how LLVM took the code around it; the
-whole conv level or a little ahead: b8 28x28x128, 1 thread, 3.02 -> 2.94 ms).
+Measured and left out (28x28x128, same setting): the input transform of all tiles first as a
+pool job of its own, then tasks by panel group over it (level in one run, 0.43-0.47 against
+0.36-0.37 in another); blocks of 24 tiles (level); software prefetch of the next U panels (level
+to 0.03 ms worse); one task per panel over all 49 tiles (0.41-0.47 against 0.28-0.31). The
+14x14x256 layers at b1 (16 tiles, one block in four panel groups) took 0.41-0.52 ms against the
+direct conv's 0.52-0.55, but the whole network was level (20.41 against 20.39 ms: their U, 9.4
+MB each, evicts the other layers' data), so conv.WINOGRAD_MIN_TILES still keeps them direct.
+Batch 8 (same setting, one run each): 56x56x64 3.4 -> 2.3 ms, 28x28x128 2.2-2.4 -> 1.7-1.95,
+14x14x256 2.6 -> 2.4. V and M are tile-major, so a transform pass's six streams lie C apart (V's
+row pass alone, 49 tiles: 7.4 us against 10-50 for xi-major, whose speed hung on how LLVM took
+the code around it; the whole conv level or a little ahead: b8 28x28x128, 1 thread, 3.02 -> 2.94
+ms).
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def _task_py(
     xf, u, bias, rf, of, has_res, act, n, oh, ow, o, c, hp, wp, nblocks, groups, mr, blk, grp
 ):  # pragma: no cover - compiled
     """One task: block blk of the nblocks blocks of tiles by group grp of the panels (input
-    transform, products, output transform; see the module doc). xf: the padded NHWC input (N, hp, wp, C), rf/of: the
-    residual and the output (N, oh, ow, O), all flat; u: the packed weight (36, panels, C, NR)."""
+    transform, products, output transform; see the module doc). xf: the padded NHWC input
+    (N, hp, wp, C), rf/of: the residual and the output (N, oh, ow, O), all flat; u: the packed
+    weight (36, panels, C, NR)."""
     nxi, panels, _, nr = u.shape
     th, tw = (oh + 3) // 4, (ow + 3) // 4
     ntiles = n * th * tw
