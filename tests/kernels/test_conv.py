@@ -280,6 +280,35 @@ def test_max_pool_nhwc_matches_reference():
     assert not k.applies([plain], cases[0][1])
 
 
+@pytest.mark.parametrize(
+    "n,h,w,c,s,pt,pl,extra",
+    [(1, 112, 112, 64, 2, 1, 1, 0), (2, 9, 7, 19, 2, 1, 0, 0), (1, 8, 8, 5, 2, 1, 1, 1),
+     (1, 5, 6, 17, 1, 1, 1, 0), (1, 7, 7, 3, 3, 0, 2, 1), (2, 3, 3, 33, 2, 2, 2, 0),
+     (1, 1, 4, 16, 2, 1, 1, 0)],
+)  # fmt: skip
+def test_maxpool_3x3_fast_path_matches_reference(n, h, w, c, s, pt, pl, extra):
+    """The 3x3 rows (edge taps clamped into the window) against the -inf padded reference, with
+    NaN, +-inf on the borders and corners; ``extra`` adds a ceil-mode output row and column
+    whose windows stick out past the bottom/right edge."""
+    x = _r(n, h, w, c)
+    x[0, 0, 0, 0] = x[-1, -1, -1, -1] = np.nan
+    x[0, -1, 0, min(1, c - 1)], x[-1, 0, -1, c - 1] = np.inf, -np.inf
+    x[0, h // 2, w // 2, c // 2] = np.nan
+    oh, ow = (h + 2 * pt - 3) // s + 1, (w + 2 * pl - 3) // s + 1
+    oh, ow = oh + (extra if (oh * s - pt) < h else 0), ow + (extra if (ow * s - pl) < w else 0)
+    ref = np.empty((n, oh, ow, c), np.float32)
+    K.maxpool_nhwc_reference(x, ref, 3, 3, s, s, pt, pl)
+    old = K.MAXPOOL_SERIAL_BELOW, G.USE_POOL
+    for serial_below, use_pool in ((1 << 40, True), (0, True), (0, False)):  # serial, pool, prange
+        out = np.full((n, oh, ow, c), 7.0, np.float32)
+        K.MAXPOOL_SERIAL_BELOW, G.USE_POOL = serial_below, use_pool
+        try:
+            K.maxpool_nhwc(x, out, 3, 3, s, s, pt, pl)
+        finally:
+            K.MAXPOOL_SERIAL_BELOW, G.USE_POOL = old
+        np.testing.assert_array_equal(out, ref)
+
+
 CONV1D_CASES = [  # n, cin, cout, k, stride, pad, length
     (1, 80, 40, 3, 1, 1, 37),  # Whisper's conv1 (fewer frames), a partial panel
     (2, 24, 17, 3, 2, 1, 30),  # its conv2: strided

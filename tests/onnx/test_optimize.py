@@ -212,21 +212,28 @@ def test_residual_that_broadcasts_and_values_read_twice_stay_right():
     assert "Relu" in _ops(fast)  # y2 has two readers: its Relu is not fused into the conv
 
 
-@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (5, 3, 2)])
-@pytest.mark.parametrize("after_conv", [True, False])
-def test_max_pool_of_a_channels_last_conv_output(k, s, p, after_conv):
-    """MaxPool of a fused conv's channels-last result (F.max_pool2d's NHWC kernel) and of the
-    graph's own NCHW input both equal the plain graph."""
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (5, 3, 2), (3, 2, 0)])
+@pytest.mark.parametrize("ceil", [0, 1])
+@pytest.mark.parametrize("where", ["after_conv", "conv_also_output", "input"])
+def test_max_pool_of_a_channels_last_conv_output(k, s, p, ceil, where):
+    """MaxPool of a fused conv's channels-last result (one FusedConvMaxPool node when the pool
+    alone reads the conv: the NHWC kernel called directly from the second call of a shape on),
+    of a conv result the graph also returns (two nodes), and of the graph's own NCHW input all
+    equal the plain graph."""
     c, o = 3, 37
-    pool = helper.make_node("MaxPool", ["y" if after_conv else "x"], ["out"], kernel_shape=[k, k],
-                            strides=[s, s], pads=[p] * 4)  # fmt: skip
+    pool = helper.make_node("MaxPool", ["x" if where == "input" else "y"], ["out"],
+                            kernel_shape=[k, k], strides=[s, s], pads=[p] * 4, ceil_mode=ceil)  # fmt: skip
     nodes = [helper.make_node("Conv", ["x", "w"], ["y0"], pads=[3, 3, 3, 3], strides=[2, 2]),
              helper.make_node("Relu", ["y0"], ["y"]), pool]  # fmt: skip
-    outs = ["out"] if after_conv else ["out", "y"]
+    outs = ["out"] if where == "after_conv" else ["out", "y"]
     m = _model(nodes, [("x", F32, ["n", c, 23, 18])], outs, [_t("w", _r(o, c, 7, 7))])
     x = _r(3, c, 23, 18)
     x[0, :, 4, 5] = np.nan  # NaN wins the max, as in the plain graph
-    _both(m, [{"x": _r(1, c, 23, 18)}, {"x": x}])
+    x1 = _r(1, c, 23, 18)
+    fast = _both(m, [{"x": x1}, {"x": x}, {"x": x1}, {"x": x}])
+    assert ("FusedConvMaxPool" in _ops(fast)) == (
+        where == "after_conv" and G.microkernels_available()
+    )
 
 
 def test_residual_with_a_view_read_later_is_not_written_over():

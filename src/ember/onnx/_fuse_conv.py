@@ -453,10 +453,69 @@ def _fuse_pool_flatten(rw: Rewriter, i: int) -> None:
     )
 
 
+class _ConvMaxPool:
+    """A fused conv then the ``MaxPool`` that alone reads its result (ResNet's stem), one node.
+
+    The pool runs kernels.cpu.conv's NHWC max pool straight on the conv's channels-last result,
+    its output geometry worked out once per input shape. Two nodes cost two rounds of the graph
+    loop's and the pool op's Python (F.max_pool2d's argument checks, the op's apply, the
+    kernel registry), which in a whole pass runs cold: ResNet-50 b1's pool node took ~140-165 us
+    in the pass around a ~80-100 us kernel call (ad-hoc timings of each node's call, medians of
+    30 passes, 1 and 2 threads). Any other input (not float32, not channels-last) goes through
+    the pool node's own function.
+    """
+
+    __slots__ = ("conv", "conv_at", "pool", "pool_at", "k", "_geo")
+
+    def __init__(self, conv, pool) -> None:
+        self.conv, self.conv_at, self.pool, self.pool_at = conv.fn, conv.attrs, pool.fn, pool.attrs
+        self.k = list(pool.attrs.get("kernel_shape"))
+        self._geo: dict = {}  # conv output shape -> (out shape, stride, pads) of the pool
+
+    def __call__(self, at, x):
+        y = self.conv(self.conv_at, x)
+        d = y._data
+        if d.dtype != _F32 or d.ndim != 4 or not d.transpose(0, 2, 3, 1).flags.c_contiguous:
+            return self.pool(self.pool_at, y)
+        geo = self._geo.get(d.shape)
+        if geo is None:
+            z = self.pool(self.pool_at, y)  # the op's own geometry (ceil_mode included)
+            s, _, lo, _ = _geometry(self.pool_at, list(d.shape[2:]), self.k)
+            if len(self._geo) < _SEEN_MAX:
+                self._geo[d.shape] = (z.shape[0], z.shape[2], z.shape[3], z.shape[1]), s, lo
+            return z
+        shape, s, lo = geo
+        o = np.empty(shape, _F32)
+        K.maxpool_nhwc(d.transpose(0, 2, 3, 1), o, *self.k, *s, *lo)
+        return Tensor._wrap(K.channels_last(o))
+
+
+def _fuse_conv_max_pool(rw: Rewriter, i: int) -> None:
+    nd = rw.nodes[i]
+    if len(nd.inputs) != 1 or not isinstance(nd.fn, _ConvRun) or nd.fn.one_d:
+        return
+    j = rw.sole_user(nd.outputs[0]) if nd.outputs[0] else None
+    mp = rw.node(j)
+    if mp is None or mp.op != "MaxPool" or mp.inputs[0] != nd.outputs[0] or not mp.outputs[0]:
+        return
+    at = mp.attrs
+    k = list(at.get("kernel_shape", []))
+    if len(k) != 2 or (len(mp.outputs) > 1 and mp.outputs[1]):
+        return  # 2-D pools without the Indices output only
+    if at.get("auto_pad", "NOTSET") != "NOTSET" or any(v != 1 for v in at.get("dilations", [1, 1])):
+        return
+    p = list(at.get("pads", [0, 0, 0, 0]))
+    if len(p) != 4 or p[:2] != p[2:] or any(v < 0 or v > kk // 2 for v, kk in zip(p, k)):
+        return  # F.max_pool2d's symmetric pads of at most half the kernel (the kernel's case)
+    run = _ConvMaxPool(nd, mp)
+    rw.replace([i, j], fused_node("FusedConvMaxPool", [nd.inputs[0]], [mp.outputs[0]], run, nd))
+
+
 def fuse(rw: Rewriter) -> None:
     """Make every suitable Conv (and the chain it heads) one fused node, then each
     [1x1 ->] depthwise -> 1x1 chain of them one block (``_fuse_block``), and a
-    GlobalAveragePool -> Flatten pair one node."""
+    GlobalAveragePool -> Flatten pair one node, and a conv whose result only a MaxPool reads
+    one node with it."""
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Conv":
             _fuse_one(rw, i)
@@ -468,6 +527,9 @@ def fuse(rw: Rewriter) -> None:
     from ember.onnx import _fuse_block
 
     _fuse_block.fuse(rw)  # then MobileNetV2's inverted-residual blocks: one node each
+    for i, nd in enumerate(rw.nodes):
+        if nd is not None and nd.op == "FusedConv":
+            _fuse_conv_max_pool(rw, i)
 
 
 def donate(graph) -> None:
