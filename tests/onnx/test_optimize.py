@@ -345,6 +345,7 @@ IR_BLOCKS = [  # c, expand (ce, k: 0 none, 1 a 1x1, 3 a 3x3 stride-2 stem), co, 
     (24, (300, 1), 40, 5, 2, {"pads": [2, 1, 2, 1]}),  # Ce > K_BLOCK, two panels, asymmetric
     (32, (32, 0), 16, 3, 1, {"pads": [1, 1, 1, 1]}),  # no expand (MobileNetV2's first block)
     (3, (19, 3), 9, 3, 1, {"pads": [1, 1, 1, 1]}),  # the stem as the expand (NCHW image rows)
+    (2, (11, 3), 5, 3, 2, {"pads": [1, 1, 1, 1]}),  # a stem on 2 channels (not RGB's copy)
     (8, (20, 1), 8, 3, 1, {"auto_pad": "SAME_UPPER"}),
     (6, (12, 1), 6, 3, 2, {"auto_pad": "VALID"}),
 ]
