@@ -450,6 +450,16 @@ def test_inverted_residual_block_by_channel_parts(c, expand, co, k, s, attrs, ac
         ember.set_num_threads(before)
 
 
+def test_inverted_residual_scratch_on_cache_lines():
+    """The per-thread scratch starts on a 64-byte line (a large np.empty starts 16 bytes into a
+    page)."""
+    from ember.kernels.cpu import irblock
+
+    for size, dt in ((100, np.float32), (300000, np.float32), (5000, np.float64)):
+        a = irblock._grown(f"test_{size}", size, dt)
+        assert a.ctypes.data % 64 == 0 and a.size >= size and a.dtype == dt
+
+
 def test_inverted_residual_blocks_not_fused_and_replayed():
     """A chain value read twice stays unfused; a residual that broadcasts, or an input of
     another channel count at run time, runs the three convs."""
