@@ -417,6 +417,7 @@ class Plan:
         pw, pb, co, pact = project
         oh, ow = self.out_hw = _out(h, kh, sh, pt, pb_), _out(w, kw, sw, pl, pr)
         self.n, self.co, self.nslots = n, co, threads + 1  # at most `threads` tasks at once
+        self.shape = (n, oh, ow, co)
         # bands per image: TASKS_PER_THREAD per thread over the batch when the map has that
         # many MIN_BAND-row bands; a multiple of the threads when there are few of them (3 bands
         # of a 14x14 map on 2 threads: one thread computes two)
@@ -477,7 +478,7 @@ class Plan:
         (x's zero border is then all x must hold)."""
         from ember.kernels.cpu import pool
 
-        out = np.empty((self.n, *self.out_hw, self.co), np.float32)
+        out = np.empty(self.shape, np.float32)
         # an image's count of finished parts follows the slots' claim counts
         scr, claims = _scratch(self.nslots * self.slot, self.nslots + self.n)
         tmp = out if self.parts == 1 else _grown("parts", (self.parts - 1) * out.size, np.float32)
