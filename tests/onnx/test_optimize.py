@@ -352,6 +352,7 @@ IR_BLOCKS = [  # c, expand (ce, k: 0 none, 1 a 1x1, 3 a 3x3 stride-2 stem), co, 
     (24, (300, 1), 40, 5, 2, {"pads": [2, 1, 2, 1]}),  # Ce > K_BLOCK, two panels, asymmetric
     (32, (32, 0), 16, 3, 1, {"pads": [1, 1, 1, 1]}),  # no expand (MobileNetV2's first block)
     (3, (19, 3), 9, 3, 1, {"pads": [1, 1, 1, 1]}),  # the stem as the expand (NCHW image rows)
+    (2, (11, 3), 5, 3, 2, {"pads": [1, 1, 1, 1]}),  # a stem on 2 channels (not RGB's copy)
     (8, (20, 1), 8, 3, 1, {"auto_pad": "SAME_UPPER"}),
     (6, (12, 1), 6, 3, 2, {"auto_pad": "VALID"}),
 ]
@@ -454,6 +455,16 @@ def test_inverted_residual_block_by_channel_parts(c, expand, co, k, s, attrs, ac
             assert parts == [1, threads], parts
     finally:
         ember.set_num_threads(before)
+
+
+def test_inverted_residual_scratch_on_cache_lines():
+    """The per-thread scratch starts on a 64-byte line (a large np.empty starts 16 bytes into a
+    page)."""
+    from ember.kernels.cpu import irblock
+
+    for size, dt in ((100, np.float32), (300000, np.float32), (5000, np.float64)):
+        a = irblock._grown(f"test_{size}", size, dt)
+        assert a.ctypes.data % 64 == 0 and a.size >= size and a.dtype == dt
 
 
 def test_inverted_residual_blocks_not_fused_and_replayed():

@@ -31,6 +31,7 @@ from ember.onnx._fuse_conv import _ConvRun
 from ember.onnx._ops_conv import _geometry
 from ember.onnx._optimize import Rewriter, fused_node
 from ember.tensor import Tensor
+from ember.threads import get_num_threads
 
 _F32 = np.dtype(np.float32)
 _ACT = {None: 0, "relu": 1, "relu6": 2}
@@ -75,20 +76,18 @@ class _BlockRun:
         return self.project(at, y) if res is None else self.project(at, y, res)
 
     def __call__(self, at, x: Tensor, res: Tensor | None = None) -> Tensor:
-        from ember.threads import get_num_threads
-
-        key = (x.shape, x._data.dtype, None if res is None else (res.shape, res._data.dtype),
-               get_num_threads())  # fmt: skip
+        d, nchw = x._data, None
+        rd = None if res is None else res._data
+        key = (d.shape, d.dtype, None if rd is None else (rd.shape, rd.dtype), get_num_threads())
         hit = self._plans.get(key)
         if hit is None:
             hit = self._plan(x, res, key[-1])
             if len(self._plans) < _PLANS_MAX:
                 self._plans[key] = hit
-        if hit is False or (ember.is_grad_enabled() and x.requires_grad):
+        if hit is False or (x.requires_grad and ember.is_grad_enabled()):
             return self._replay(at, x, res)
         plan, pads = hit
-        d, nchw = x._data, None
-        r = None if res is None else K.nhwc(res._data)
+        r = None if rd is None else K.nhwc(rd)
         if not any(pads):
             src = K.nhwc(d)
         elif d.flags.c_contiguous:  # an NCHW image: the tasks copy the rows they need
@@ -157,8 +156,6 @@ class _HeadRun:
         self._plans: dict = {}
 
     def __call__(self, at, x: Tensor) -> Tensor:
-        from ember.threads import get_num_threads
-
         d = x._data
         key = (d.shape, d.dtype, get_num_threads())
         plan = self._plans.get(key)
@@ -166,7 +163,7 @@ class _HeadRun:
             plan = self._plan(x, key[-1])
             if len(self._plans) < _PLANS_MAX:
                 self._plans[key] = plan
-        if plan is False or (ember.is_grad_enabled() and x.requires_grad):
+        if plan is False or (x.requires_grad and ember.is_grad_enabled()):
             return self.pool(self.pool_at, self.conv(at, x))
         return Tensor._wrap(plan.run(K.nhwc(d)))
 
