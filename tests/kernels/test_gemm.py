@@ -142,30 +142,6 @@ def test_linear_products_on_the_pool_by_panels_or_by_row_blocks(m):
         ember.set_num_threads(old)
 
 
-def test_short_product_over_a_big_weight_keeps_its_pool_job(monkeypatch):
-    """A product below SERIAL_BELOW over a weight of SERIAL_MAX_WEIGHT_BYTES or more (a
-    classifier at batch 1) runs on the pool as gemm runs it, its job kept on the weight
-    (_pool_plan) and right on every call, with and without a residual."""
-    from ember.kernels.cpu import pool_tasks as PT
-
-    monkeypatch.setattr(G, "SERIAL_MAX_WEIGHT_BYTES", 1 << 12)
-    k, o = 64, 4 * NR + 3  # (1 x 64 x 67): far below SERIAL_BELOW, the weight above 4 KB
-    w = RNG.standard_normal((o, k)).astype(np.float32)
-    pw, b = G.PackedWeight(w), RNG.standard_normal(o).astype(np.float32)
-    old = ember.get_num_threads()
-    ember.set_num_threads(2)
-    try:
-        for with_res in (False, False, True, True):
-            x = RNG.standard_normal((1, k)).astype(np.float32)
-            res = RNG.standard_normal((1, o)).astype(np.float32) if with_res else None
-            got = G.linear_packed_residual(x, pw, b, res)
-            want = x.astype(np.float64) @ w.T.astype(np.float64) + b + (0 if res is None else res)
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
-        assert len(pw.__dict__.get("_pool_plans", {})) == (2 if PT.state() is not None else 0)
-    finally:
-        ember.set_num_threads(old)
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,o", [(7, 301, 2 * NR + 3), (130, 1537, 8 * NR + 5), (300, 777, 37)])
 @pytest.mark.parametrize("k_max", [None, 100])

@@ -917,8 +917,7 @@ def _pool_plan(w: PackedWeight, bias: np.ndarray, m: int, has_res: bool) -> tupl
     if plan is not None:
         return plan[0]
     o, k = w.shape
-    small = m * o * k < SERIAL_BELOW and panels.nbytes < SERIAL_MAX_WEIGHT_BYTES  # as gemm's
-    if threads == 1 or not USE_POOL or small or bias.dtype != np.float32:
+    if threads == 1 or not USE_POOL or m * o * k < SERIAL_BELOW or bias.dtype != np.float32:
         return None
     from ember.kernels.cpu import pool_tasks as PT
 
