@@ -147,6 +147,68 @@ def test_conv_gemm_pool_plan_reused_across_calls(threads, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "n,c,o,k,s,pads,hw",
+    [(1, 64, 96, 1, 1, (0, 0, 0, 0), (15, 13)), (2, 40, 72, 3, 2, (1, 0, 2, 1), (17, 12)),
+     (1, 3, 64, 7, 2, (3, 3, 3, 3), (40, 37)), (1, 48, 80, 3, 1, (1, 1, 1, 1), (6, 5))],
+)  # fmt: skip
+def test_kept_conv_reruns_the_job_on_new_inputs(n, c, o, k, s, pads, hw, monkeypatch):
+    """keep_conv keeps the one pooled conv_gemm call of its function (padded, strided, the
+    few-channel stem's taps); the KeptConv then computes new inputs of any layout and new
+    residuals (written over, or not) like the conv (float64 reference)."""
+    import ember
+    from ember.kernels.cpu import pool_tasks as PT
+
+    old = ember.get_num_threads()
+    ember.set_num_threads(2)
+    monkeypatch.setattr(K, "_PLANS", {})
+    monkeypatch.setattr(G, "SERIAL_BELOW", 0)
+    try:
+        w, b = PackedWeight(_r(o, c, k, k)), _r(o)
+
+        def want(x, r):
+            y = K.conv2d_nchw_reference(x.astype(np.float64), w.astype(np.float64), (s, s),
+                                        pads, 1) + b[:, None, None]  # fmt: skip
+            return np.clip(y + (0 if r is None else r), 0, 6)
+
+        x0 = _r(n, c, *hw)
+        shape = want(x0, None).shape
+        r0 = _cl(_r(*shape))
+        args = dict(stride=(s, s), pads=pads, groups=1, act="relu6")
+        y, kept = K.keep_conv(lambda: K.fused_conv2d_gemm(x0, w, b, r0, **args))
+        np.testing.assert_allclose(y, want(x0, r0), rtol=1e-4, atol=1e-4)
+        if PT.state() is None:
+            assert kept is None
+            return
+        assert kept is not None and not kept.over_res
+        assert K.keep_conv(lambda: None)[1] is None  # nothing ran: nothing kept
+        with pytest.raises(ValueError):
+            kept(x0, None)  # kept with a residual
+        for i in range(3):  # channels-last, NCHW and strided inputs
+            x = [_cl(_r(n, c, *hw)), _r(n, c, *hw), _r(n, c, hw[0], 2 * hw[1])[..., ::2]][i]
+            r = _r(*shape) if i == 1 else _cl(_r(*shape))  # NCHW residual: read, not written
+            r_in = r.copy()
+            got = kept(x, r)
+            assert got.shape == shape and K.is_channels_last(got)
+            np.testing.assert_allclose(got, want(x, r), rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(r, r_in)
+        _, plain = K.keep_conv(lambda: K.fused_conv2d_gemm(x0, w, b, **args))
+        for x in (x0, _cl(_r(n, c, *hw))):
+            np.testing.assert_allclose(plain(x, None), want(x, None), rtol=1e-4, atol=1e-4)
+        if k == 1 and s == 1:  # written over a channels-last residual the caller gives up
+            _, over = K.keep_conv(
+                lambda: K.fused_conv2d_over_residual(x0, w, b, _cl(_r(*shape)), **args)
+            )
+            assert over is not None and over.over_res
+            x, r = _cl(_r(n, c, *hw)), _cl(_r(*shape))
+            expect = want(x, r)
+            got = over(x, r)
+            assert np.shares_memory(got, r)
+            np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4)
+    finally:
+        ember.set_num_threads(old)
+
+
+@pytest.mark.parametrize(
     "n,c,o,k,hw",
     [(1, 40, 260, 1, (7, 7)), (1, 19, 300, 3, (5, 3)), (1, 64, 256, 1, (1, 1)),
      (3, 24, 270, 1, (9, 9)), (1, 16, 280, 3, (16, 16)), (1, 48, 520, 1, (7, 7)),

@@ -302,6 +302,56 @@ def test_residual_that_dies_with_its_conv_is_written_over(o, monkeypatch):
     np.testing.assert_array_equal(feeds[0]["r"], r)  # a graph input is never written
 
 
+@needs_gemm
+def test_fused_convs_rerun_their_kept_jobs_from_the_third_call(monkeypatch):
+    """From a shape's second call a pooled fused conv keeps its job (conv.KeptConv) and reruns
+    it: a graph input read as NCHW, padded and strided convs, a donated residual and one that
+    is a graph input; every call, after thread-count changes and with the reference kernels
+    too, agrees with the plain graph and leaves the inputs as they were."""
+    from ember import config
+    from ember.kernels.cpu import pool_tasks as PT
+
+    c, o = 48, 96
+    inits = [_t("wa", _r(o, c, 1, 1, scale=0.2)), _t("ba", _r(o)),
+             _t("wb", _r(o, o, 3, 3, scale=0.05)), _t("wc", _r(o, o, 1, 1, scale=0.1)),
+             _t("wd", _r(o, o, 3, 3, scale=0.05)), _t("lo", np.float32(0)),
+             _t("hi", np.float32(6))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "wa", "ba"], ["a"]),  # reads the NCHW graph input
+        helper.make_node("Relu", ["a"], ["ar"]),
+        helper.make_node("Conv", ["ar", "wb"], ["b"], pads=[1, 0, 2, 1], strides=[2, 2]),
+        helper.make_node("Clip", ["b", "lo", "hi"], ["br"]),
+        helper.make_node("Conv", ["br", "wc"], ["e"]),
+        helper.make_node("Conv", ["br", "wc"], ["cc"]),
+        helper.make_node("Add", ["cc", "e"], ["s1"]),  # e dies here: written over
+        helper.make_node("Conv", ["s1", "wd"], ["d"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["d", "r"], ["out"]),  # r: a graph input, never written
+    ]
+    m = _model(nodes, [("x", F32, ["n", c, 13, 12]), ("r", F32, ["n", o, 7, 6])], ["out"], inits)
+    data = m.SerializeToString()
+    fast, plain = ember.onnx.load(data), ember.onnx.load(data, optimize=False)
+    assert _ops(fast) == ["FusedConv"] * 5
+    monkeypatch.setattr(G, "SERIAL_BELOW", 0)  # small products on the pool too
+    old = ember.get_num_threads()
+    try:
+        for threads, n, kernels in [(2, 1, "all")] * 4 + [(1, 1, "all"), (2, 2, "all"),
+                                    (2, 2, "all"), (2, 2, "reference"), (2, 2, "all"),
+                                    (2, 1, "all"), (1, 1, "all"), (2, 1, "all")]:  # fmt: skip
+            ember.set_num_threads(threads)
+            monkeypatch.setattr(config, "KERNELS", kernels)
+            feeds = {"x": _r(n, c, 13, 12), "r": _r(n, o, 7, 6)}
+            before = {k: v.copy() for k, v in feeds.items()}
+            got, want = fast.run(feeds)["out"].numpy(), plain.run(feeds)["out"].numpy()
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+            for k, v in feeds.items():
+                np.testing.assert_array_equal(v, before[k])
+    finally:
+        ember.set_num_threads(old)
+    kept = [k for nd in fast.graph.nodes for k, _ in nd.fn._seen.values() if k and k[1]]
+    assert len(kept) == (10 if PT.state() is not None else 0)  # five convs, two batch sizes
+    assert any(k[1].over_res for k in kept) == (PT.state() is not None)
+
+
 @pytest.mark.parametrize("k,s,pads,bias,o", [(2, 2, [0, 0, 0, 0], True, 7), (3, 3, [0, 0, 0, 0], False, 7),
                                              (2, 1, [0, 0, 0, 0], True, 7), (2, 2, [1, 0, 1, 0], True, 7),
                                              (2, 2, [0, 0, 0, 0], True, 1), (3, 3, [0, 0, 0, 0], False, 1),

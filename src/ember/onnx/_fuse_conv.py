@@ -32,6 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 import ember
+from ember import autograd as A
+from ember import config
+from ember.device import CPU
 from ember.inference.ops import FusedConv, fused_conv2d
 from ember.kernels.cpu import conv as K
 from ember.kernels.cpu import gemm as G
@@ -40,6 +43,7 @@ from ember.nn import functional as F
 from ember.onnx._ops_conv import _geometry
 from ember.onnx._optimize import Rewriter, fused_node
 from ember.tensor import Tensor
+from ember.threads import get_num_threads
 
 _F32 = np.dtype(np.float32)
 _TAP0 = np.zeros(1, np.int64)
@@ -118,34 +122,55 @@ class _ConvRun:
         self.groups, self.act, self.one_d = groups, act, nd == 1
         self.scale, self.shift = post
         self.k = list(w.shape[2:]) if nd == 2 else [w.shape[3]]
-        self._seen: dict = {}  # (input shape, dtype, residual's) -> fused_conv2d's keywords
+        # (input shape, dtype, residual's) -> (kept, fused_conv2d's keywords); kept: None (not
+        # tried yet) or (thread count, its conv.KeptConv or None where it has none)
+        self._seen: dict = {}
+        # what conv.KeptConv repeats: the packed GEMM's pooled call with ReLU/ReLU6 or nothing
+        # after it (hard swish, SiLU and the scale/shift run after the GEMM, 1-D convs reshape)
+        self.keeps = (nd == 2 and groups == 1 and act in (None, "relu", "relu6")
+                      and post == (1.0, 0.0) and G.packed_panels(w._data) is not None)  # fmt: skip
         self.donate = False  # the residual dies here: the GEMM may write over it (donate())
 
     def __call__(self, at, x: Tensor, res: Tensor | None = None) -> Tensor:
         # the common case, a float32 input of a shape seen before (and a residual of the
-        # output's shape): FusedConv.apply with the keywords fused_conv2d checked and built then
-        # (~3 us a call of geometry and checks; 52 such nodes in MobileNetV2)
-        key = (x.shape, x._data.dtype, None if res is None else (res.shape, res._data.dtype))
+        # output's shape): its KeptConv (conv.KeptConv: the pooled GEMM's job rerun, ~1 us of
+        # Python against ~6 through the op), else FusedConv.apply with the keywords
+        # fused_conv2d checked and built then (~3 us a call of geometry and checks)
+        d = x._data  # (the arrays' shapes: Tensor.shape makes an ember.Size, ~0.1 us each)
+        key = (d.shape, d.dtype, None if res is None else (res._data.shape, res._data.dtype))
         hit = self._seen.get(key)
-        if hit is not None:
-            if self.one_d:
-                x = x.unsqueeze(2)
-                res = None if res is None else res.unsqueeze(2) if res.ndim == 3 else res
-                y = FusedConv.apply(x, self.w, self.b, **hit) if res is None else (
-                    FusedConv.apply(x, self.w, self.b, res, **hit))  # fmt: skip
-                return y.squeeze(2)
-            if res is None:
-                return FusedConv.apply(x, self.w, self.b, **hit)
-            if self.donate and not ember.is_grad_enabled():  # autograd may keep the residual
-                y = K.fused_conv2d_over_residual(x._data, self.w._data, self.b._data,
-                                                 res._data, **hit)  # fmt: skip
-                if y is not None:
-                    return Tensor._wrap(y)
-            return FusedConv.apply(x, self.w, self.b, res, **hit)
-        y, kw = self._run(x, res)
-        if kw is not None and x._data.dtype == _F32 and len(self._seen) < _SEEN_MAX:
-            self._seen[key] = kw
-        return y
+        if hit is None:
+            y, kw = self._run(x, res)
+            if kw is not None and x._data.dtype == _F32 and len(self._seen) < _SEEN_MAX:
+                self._seen[key] = (None, kw)
+            return y
+        kept, kw = hit
+        threads = get_num_threads()
+        if kept is not None and kept[0] == threads:
+            if kept[1] is not None and _plain(x, res):
+                return Tensor._wrap(kept[1](d, None if res is None else res._data))
+        elif self.keeps and _plain(x, res):  # the second call (at this thread count): keep it
+            y, k = K.keep_conv(lambda: self._seen_call(x, res, kw))
+            self._seen[key] = ((threads, k), kw)
+            return y
+        return self._seen_call(x, res, kw)
+
+    def _seen_call(self, x: Tensor, res: Tensor | None, kw: dict) -> Tensor:
+        """The op on an input of a shape seen before (kw: its fused_conv2d keywords)."""
+        if self.one_d:
+            x = x.unsqueeze(2)
+            res = None if res is None else res.unsqueeze(2) if res.ndim == 3 else res
+            y = FusedConv.apply(x, self.w, self.b, **kw) if res is None else (
+                FusedConv.apply(x, self.w, self.b, res, **kw))  # fmt: skip
+            return y.squeeze(2)
+        if res is None:
+            return FusedConv.apply(x, self.w, self.b, **kw)
+        if self.donate and not ember.is_grad_enabled():  # autograd may keep the residual
+            y = K.fused_conv2d_over_residual(x._data, self.w._data, self.b._data,
+                                             res._data, **kw)  # fmt: skip
+            if y is not None:
+                return Tensor._wrap(y)
+        return FusedConv.apply(x, self.w, self.b, res, **kw)
 
     def _run(self, x: Tensor, res: Tensor | None) -> tuple[Tensor, dict | None]:
         """The node's result, and fused_conv2d's keywords when it ran as one call."""
@@ -175,6 +200,16 @@ class _ConvRun:
         o, _, kh, kw = self.w.shape
         (sh, sw), (pt, pb, pl, pr) = stride, pads
         return (n, o, (h + pt + pb - kh) // sh + 1, (wd + pl + pr - kw) // sw + 1)
+
+
+def _plain(x: Tensor, res: Tensor | None) -> bool:
+    """Whether a call may take its node's KeptConv: what FusedConv.apply would run is the kernel
+    it kept (on the CPU, kernels on, the pool on), with nothing to record (no gradient, no
+    autograd tape)."""
+    return (
+        x._device is CPU and (res is None or res._device is CPU) and not A._grad_enabled
+        and not A._tapes and G.USE_POOL and config.KERNELS != "reference"
+    )  # fmt: skip
 
 
 def _post(rw: Rewriter, m, out: str, post: tuple[float, float]) -> tuple[float, float] | None:

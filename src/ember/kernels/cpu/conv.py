@@ -38,6 +38,7 @@ import numpy as np
 from ember.errors import ShapeError
 from ember.kernels.cpu import FASTMATH, have_numba, numba_or_none
 from ember.kernels.cpu import gemm as G
+from ember.kernels.cpu import pool_tasks as _PT
 from ember.kernels.registry import register
 from ember.threads import get_num_threads
 
@@ -651,8 +652,59 @@ def conv_gemm(
         return channels_last(out)
     from ember.kernels.cpu import pool_tasks as PT
 
+    kept = getattr(_kept, "jobs", None)
+    if kept is not None:  # a caller keeps this call's steps (keep_conv)
+        kept.append(KeptConv(plan, (rowoff, tapoff, panels, bias), (pt, pb, pl, pr) if pad else None,
+                             (n, oh, ow, o), r is not None, over_res))  # fmt: skip
     PT.rerun_gemm(plan, a1, out2, r)
     return channels_last(out)
+
+
+_kept = threading.local()  # .jobs: a list while keep_conv records conv_gemm's pool jobs
+
+
+class KeptConv:
+    """One conv_gemm call's pool job, the steps before it taken once: per call only the input's
+    NHWC view (or its zero-padded copy), the output and the rerun of the kept job.
+
+    A fused conv node calls conv_gemm with the same weight and input geometry every pass; the
+    op's dispatch, the kernel's checks and conv_gemm's lookups were ~5 us of a ~6 us call's
+    Python (ResNet-50's 14x14 1x1 convs, hot; ~11-16 us in the network, where each node's Python
+    runs with the caches full of the last weight). The caller checks that the call is the kept
+    one (input and residual of the shapes, dtype and strides it was kept for, same thread count).
+    """
+
+    __slots__ = ("job", "refs", "pads", "shape", "has_res", "over_res")
+
+    def __init__(self, job, refs, pads, shape, has_res: bool, over_res: bool) -> None:
+        self.job, self.refs, self.pads = job, refs, pads  # refs: the arrays the job points into
+        self.shape, self.has_res, self.over_res = shape, has_res, over_res
+
+    def __call__(self, x: np.ndarray, res: np.ndarray | None) -> np.ndarray:
+        """act(conv(x) + bias [+ res]) as kept: x (N, C, H, W) float32 of the kept shape, res
+        of the output's (a residual exactly where the kept call had one); the channels-last
+        result. Inputs of another layout are copied (as conv_gemm's nhwc would)."""
+        if (res is not None) != self.has_res:
+            raise ValueError("KeptConv: a residual exactly where the kept call had one")
+        n, oh, ow, o = self.shape
+        # (reshape alone may return a strided view of NCHW memory: nhwc makes it contiguous)
+        a = nhwc(x) if self.pads is None else _padded(x.transpose(0, 2, 3, 1), *self.pads)
+        r = None if res is None else nhwc(res).reshape(n * oh * ow, o)
+        out = r if self.over_res else np.empty((n * oh * ow, o), _F32)
+        _PT.rerun_gemm(self.job, a.reshape(-1), out, r)
+        return out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2)
+
+
+def keep_conv(fn) -> tuple:
+    """(fn(), the KeptConv of the one pooled conv_gemm call fn made, or None (none or
+    several such calls, or another path: Winograd, the streamed or serial GEMM))."""
+    prev, jobs = getattr(_kept, "jobs", None), []
+    _kept.jobs = jobs
+    try:
+        y = fn()
+    finally:
+        _kept.jobs = prev
+    return y, (jobs[0] if len(jobs) == 1 else None)
 
 
 # A conv of at most ONE_BLOCK_ROWS output pixels (ResNet-50 b1's 14x14 and 7x7 layers) runs its
