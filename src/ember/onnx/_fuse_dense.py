@@ -125,15 +125,10 @@ class _LinearRun:
         self.w, self.b, self.b_rank, self.replay, self.arena = w, b, b_rank, replay, arena
 
     def __call__(self, at, x: Tensor, *rest) -> Tensor:
-        # _packs spelled out for one input on the arrays (a classifier's one call a pass runs
-        # its Python cold: ~24 us before the product in ResNet-50 b1's pass, this ~half)
-        d = x._data
-        if d.dtype != _F32 or d.ndim < max(1, self.b_rank):
+        if x.dtype != ember.float32 or x.ndim < max(1, self.b_rank):
             return self.replay(x, *rest)
-        if G.packed_panels(self.w._data) is not None and not (
-            x.requires_grad and ember.is_grad_enabled()
-        ):
-            return Tensor._wrap(self._product(d, None))
+        if self._packs(x):
+            return Tensor._wrap(self._product(x._data, None))
         return F.linear(x, self.w, self.b)
 
     def _packs(self, *xs: Tensor) -> bool:
