@@ -199,7 +199,7 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     s += ["  %t1 = add i64 %t, 1", "  %tc = icmp ult i64 %t1, %ntaps"]
     s += ["  br i1 %tc, label %tap, label %store", "store:"]
     # store: + C (flags & 1: accumulate onto an earlier block of K), + bias (flags & 2), +
-    # residual (flags & 4), clamp to [lo, hi] (NaN kept); masked (the last panel is partial)
+    # residual (flags & 4), clamp to [lo, hi] (NaN kept)
     s += ["  %nc = trunc i64 %ncols to i32"]
     for bit, name in ((1, "fa"), (2, "fb"), (4, "fr")):
         s += [f"  %{name}b = and i64 %flags, {bit}", f"  %{name} = icmp ne i64 %{name}b, 0"]
@@ -208,6 +208,97 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
     s += [f"  %lov = shufflevector {vt} %lo, {vt} poison, <{w} x i32> zeroinitializer"]
     s += [f"  %hi = insertelement {vt} poison, float %hif, i32 0"]
     s += [f"  %hiv = shufflevector {vt} %hi, {vt} poison, <{w} x i32> zeroinitializer"]
+    for r in rows:
+        s += [
+            f"  %co{r} = mul i64 %ldc, {r}",
+            f"  %cr{r} = getelementptr float, ptr %c, i64 %co{r}",
+        ]
+        s += [f"  %er{r} = getelementptr float, ptr %res, i64 %co{r}"]
+    s += ["  %ntb = and i64 %flags, 8", "  %ntf = icmp ne i64 %ntb, 0"]
+    # a full panel: plain loads and stores (_full_store_ir), but for a residual added in one
+    # block of K in the panel order (flags & 16 asks for it anyway: the rows-first order's)
+    s += [f"  %full = icmp eq i64 %ncols, {nr}", "  %nofr = xor i1 %fr, true"]
+    s += ["  %frqb = and i64 %flags, 16", "  %frq = icmp ne i64 %frqb, 0"]
+    s += ["  %plain0 = or i1 %nofr, %fa", "  %plain1 = or i1 %plain0, %frq"]
+    s += ["  %fast = and i1 %full, %plain1"]
+    s += ["  br i1 %fast, label %sfull, label %smask"]
+    s += _full_store_ir(rows, vecs, w)
+    body, masked, streamed = _masked_store_ir(rows, vecs, w)
+    s += ["smask:", *body]
+    s += ["  %usent = and i1 %ntf, %full", "  br i1 %usent, label %snt, label %spart"]
+    s += ["snt:", *streamed, "  call void @llvm.x86.sse.sfence()", "  ret void"]
+    s += ["spart:", *masked, "  ret void", "}"]
+    return "\n".join(s)
+
+
+def _clamp_ir(p: str, x: str, z: str, vt: str, w: int) -> list[str]:
+    """%{p}f{x} = z clamped to [%lov, %hiv] (a NaN stays NaN)."""
+    return [
+        f"  %{p}ql{x} = fcmp olt {vt} {z}, %lov",
+        f"  %{p}u{x} = select <{w} x i1> %{p}ql{x}, {vt} %lov, {vt} {z}",
+        f"  %{p}qh{x} = fcmp ogt {vt} %{p}u{x}, %hiv",
+        f"  %{p}f{x} = select <{w} x i1> %{p}qh{x}, {vt} %hiv, {vt} %{p}u{x}",
+    ]
+
+
+def _full_store_ir(rows, vecs, w: int) -> list[str]:
+    """The store of a full panel (ncols == NR): plain loads and stores, a straight-line
+    epilogue for each of accumulate (flags & 1) x residual (flags & 4), so a tile loads only
+    what it adds (the masked form also issued C's and the residual's loads under zero masks).
+    One thread, A and B in L1 (rows x K x outputs): 1200 x 256 x 64 244 -> 252 GFLOP/s,
+    1200 x 64 x 256 202 -> 233, 1200 x 1024 x 32 in blocks of 256 242 -> 255. ResNet-50 b1, 2
+    threads, one process alternating the two forms (30 passes each): its 1x1 convs 1-8 % and
+    layer1's 64 -> 256 + residual (rows-first) 4 % faster, the sum of its nodes 19.47 -> 19.11
+    ms. A residual added in one block of K in the panel order keeps the masked form: layer3's
+    256 -> 1024 + residual convs (written over the residual, rows 4 KB apart) took 3-4 %
+    longer plainly in the network, though not alone (not understood). flags & 8: non-temporal
+    stores and an sfence, as in the masked form."""
+    vt = f"<{w} x float>"
+    s = ["sfull:"]
+    for v in vecs:
+        s += [f"  %bsp{v} = getelementptr float, ptr %bias, i64 {v * w}"]
+        s += [f"  %bl{v} = load {vt}, ptr %bsp{v}, align 4"]
+        s += [f"  %bs{v} = select i1 %fb, {vt} %bl{v}, {vt} zeroinitializer"]
+    s += ["  br i1 %fa, label %sfa1, label %sfa0"]
+    for fa in (0, 1):
+        s += [f"sfa{fa}:", f"  br i1 %fr, label %sf{fa}1, label %sf{fa}0"]
+    for fa in (0, 1):
+        for fr in (0, 1):
+            p = f"v{fa}{fr}_"
+            s += [f"sf{fa}{fr}:"]
+            plain, streamed = [], []
+            for r in rows:
+                for v in vecs:
+                    x = f"{r}_{v}"
+                    s += [f"  %{p}cp{x} = getelementptr float, ptr %cr{r}, i64 {v * w}"]
+                    z = f"%{p}y{x}"
+                    s += [f"  {z} = fadd {vt} %E{x}, %bs{v}"]
+                    if fa:
+                        s += [f"  %{p}c{x} = load {vt}, ptr %{p}cp{x}, align 4"]
+                        s += [f"  %{p}a{x} = fadd {vt} {z}, %{p}c{x}"]
+                        z = f"%{p}a{x}"
+                    if fr:
+                        s += [f"  %{p}ep{x} = getelementptr float, ptr %er{r}, i64 {v * w}"]
+                        s += [f"  %{p}e{x} = load {vt}, ptr %{p}ep{x}, align 4"]
+                        s += [f"  %{p}z{x} = fadd {vt} {z}, %{p}e{x}"]
+                        z = f"%{p}z{x}"
+                    s += _clamp_ir(p, x, z, vt, w)
+                    plain += [f"  store {vt} %{p}f{x}, ptr %{p}cp{x}, align 4"]
+                    streamed += [
+                        f"  store {vt} %{p}f{x}, ptr %{p}cp{x}, align {w * 4}, !nontemporal !{{i32 1}}"
+                    ]
+            s += [f"  br i1 %ntf, label %sn{fa}{fr}, label %sp{fa}{fr}", f"sn{fa}{fr}:", *streamed]
+            s += ["  call void @llvm.x86.sse.sfence()", "  ret void", f"sp{fa}{fr}:", *plain]
+            s += ["  ret void"]
+    return s
+
+
+def _masked_store_ir(rows, vecs, w: int) -> tuple[list[str], list[str], list[str]]:
+    """The general store (a partial last panel, or a residual): masked loads of the bias,
+    residual and C under their flags and the panel's ncols columns; returns the computation,
+    its masked stores and its non-temporal stores (for a full panel)."""
+    vt = f"<{w} x float>"
+    s = []
     iota = ", ".join(f"i32 {i}" for i in range(w))
     for v in vecs:
         s += [f"  %lim{v} = sub i32 %nc, {v * w}"]
@@ -219,19 +310,11 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
         s += [f"  %m{v} = icmp slt <{w} x i32> <{iota}>, %ls{v}"]
         for name in ("fa", "fb", "fr"):
             s += [f"  %{name}{v} = select i1 %{name}, <{w} x i1> %m{v}, <{w} x i1> zeroinitializer"]
-        s += [f"  %bsp{v} = getelementptr float, ptr %bias, i64 {v * w}"]
-        s += [f"  %bs{v} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %bsp{v}, i32 4,"]
+        s += [f"  %mbp{v} = getelementptr float, ptr %bias, i64 {v * w}"]
+        s += [f"  %mbs{v} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %mbp{v}, i32 4,"]
         s[-1] += f" <{w} x i1> %fb{v}, {vt} zeroinitializer)"
     masked, streamed = [], []
     for r in rows:
-        s += [
-            f"  %co{r} = mul i64 %ldc, {r}",
-            f"  %cr{r} = getelementptr float, ptr %c, i64 %co{r}",
-        ]
-        s += [
-            f"  %eo{r} = mul i64 %ldc, {r}",
-            f"  %er{r} = getelementptr float, ptr %res, i64 %eo{r}",
-        ]
         for v in vecs:
             x = f"{r}_{v}"
             s += [f"  %ep{x} = getelementptr float, ptr %er{r}, i64 {v * w}"]
@@ -240,25 +323,15 @@ def _kernel_ir(mr: int, nv: int, w: int) -> str:
             s += [f"  %cp{x} = getelementptr float, ptr %cr{r}, i64 {v * w}"]
             s += [f"  %c{x} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %cp{x}, i32 4,"]
             s[-1] += f" <{w} x i1> %fa{v}, {vt} zeroinitializer)"
-            s += [f"  %x{x} = fadd {vt} %E{x}, %c{x}", f"  %y{x} = fadd {vt} %x{x}, %bs{v}"]
+            s += [f"  %x{x} = fadd {vt} %E{x}, %c{x}", f"  %y{x} = fadd {vt} %x{x}, %mbs{v}"]
             s += [f"  %z{x} = fadd {vt} %y{x}, %e{x}"]
-            s += [f"  %ql{x} = fcmp olt {vt} %z{x}, %lov"]
-            s += [f"  %u{x} = select <{w} x i1> %ql{x}, {vt} %lov, {vt} %z{x}"]
-            s += [f"  %qh{x} = fcmp ogt {vt} %u{x}, %hiv"]
-            s += [f"  %f{x} = select <{w} x i1> %qh{x}, {vt} %hiv, {vt} %u{x}"]
+            s += _clamp_ir("", x, f"%z{x}", vt, w)
             masked += [
                 f"  call void @llvm.masked.store.v{w}f32.p0({vt} %f{x}, ptr %cp{x},"
                 f" i32 4, <{w} x i1> %m{v})"
             ]
             streamed += [f"  store {vt} %f{x}, ptr %cp{x}, align {w * 4}, !nontemporal !{{i32 1}}"]
-    # flags & 8, a full panel: non-temporal stores (the caller aligned the rows to the vector
-    # size); the sfence orders them before the task's completion is published
-    s += ["  %ntb = and i64 %flags, 8", "  %ntf = icmp ne i64 %ntb, 0"]
-    s += [f"  %full = icmp eq i64 %ncols, {nr}", "  %usent = and i1 %ntf, %full"]
-    s += ["  br i1 %usent, label %snt, label %smask", "snt:", *streamed]
-    s += ["  call void @llvm.x86.sse.sfence()", "  ret void", "smask:", *masked]
-    s += ["  ret void", "}"]
-    return "\n".join(s)
+    return s, masked, streamed
 
 
 def _microkernels_ir(w: int, nv: int) -> list[str]:
@@ -494,7 +567,7 @@ def _rows_first_py(
     the microkernel's prefetch; the output beside a residual by ``_prefetch``). Stores are
     plain (a streaming flag is dropped): see ROWS_FIRST_BYTES. The drivers call it in place of
     ``_block`` for products ``rows_first`` marks."""
-    flags = last_flags & 7
+    flags = (last_flags & 7) | 16  # 16: the plain store with a residual too (_kernel_ir)
     lines = (mr * o * 4 // 64 + panels - 1) // panels  # of a tile's rows, per panel
     for p in range(q0, q1, mr):
         ahead = ((p + PF_TILES * mr) * o) * 4
