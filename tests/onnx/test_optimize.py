@@ -236,6 +236,28 @@ def test_max_pool_of_a_channels_last_conv_output(k, s, p, ceil, where):
     )
 
 
+def test_conv_max_pool_node_keeps_the_gradient():
+    """A FusedConvMaxPool node run with gradients on (the graph's run called directly) takes the
+    pool op, so the input's gradient equals the plain graph's, every call."""
+    c, o = 3, 8
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["y0"], ["y"]),
+             helper.make_node("MaxPool", ["y"], ["out"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1])]  # fmt: skip
+    data = _model(nodes, [("x", F32, ["n", c, 11, 9])], ["out"], [_t("w", _r(o, c, 3, 3))])
+    data = data.SerializeToString()
+    x0 = _r(2, c, 11, 9)
+    grads = []
+    for optimize in (True, False):
+        m = ember.onnx.load(data, optimize=optimize)
+        for _ in range(3):  # past the node's first calls (geometry, kept jobs)
+            x = ember.Tensor(x0.copy(), requires_grad=True)
+            with ember.enable_grad():
+                (m.graph.run({"x": x})[0] ** 2).sum().backward()
+        grads.append(x.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-4)
+
+
 def test_residual_with_a_view_read_later_is_not_written_over():
     """a's Identity and Reshape (views of it) are read after the conv that adds a: that conv
     does not write over a (onnx._fuse_conv.donate), and the results equal the plain graph."""

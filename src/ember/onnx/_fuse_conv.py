@@ -496,8 +496,8 @@ class _ConvMaxPool:
     loop's and the pool op's Python (F.max_pool2d's argument checks, the op's apply, the
     kernel registry), which in a whole pass runs cold: ResNet-50 b1's pool node took ~140-165 us
     in the pass around a ~80-100 us kernel call (ad-hoc timings of each node's call, medians of
-    30 passes, 1 and 2 threads). Any other input (not float32, not channels-last) goes through
-    the pool node's own function.
+    30 passes, 1 and 2 threads). Any other input (not float32, not channels-last, or one that
+    records a gradient) goes through the pool node's own function.
     """
 
     __slots__ = ("conv", "conv_at", "pool", "pool_at", "k", "_geo")
@@ -510,7 +510,12 @@ class _ConvMaxPool:
     def __call__(self, at, x):
         y = self.conv(self.conv_at, x)
         d = y._data
-        if d.dtype != _F32 or d.ndim != 4 or not d.transpose(0, 2, 3, 1).flags.c_contiguous:
+        if (
+            d.dtype != _F32
+            or d.ndim != 4
+            or not d.transpose(0, 2, 3, 1).flags.c_contiguous
+            or y.requires_grad  # the op records the pool's backward
+        ):
             return self.pool(self.pool_at, y)
         geo = self._geo.get(d.shape)
         if geo is None:
