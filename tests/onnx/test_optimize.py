@@ -237,8 +237,10 @@ def test_max_pool_of_a_channels_last_conv_output(k, s, p, ceil, where):
 
 
 def test_conv_max_pool_node_keeps_the_gradient():
-    """A FusedConvMaxPool node run with gradients on (the graph's run called directly) takes the
-    pool op, so the input's gradient equals the plain graph's, every call."""
+    """A FusedConvMaxPool node run with gradients on (the graph's run called directly) gives the
+    plain graph's input gradient on every call: the pool op runs, never the kernel on the raw
+    conv result (two guards keep it so: the conv's autograd result is NCHW today, and
+    ``_ConvMaxPool`` checks requires_grad itself)."""
     c, o = 3, 8
     nodes = [helper.make_node("Conv", ["x", "w"], ["y0"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["y0"], ["y"]),

@@ -514,7 +514,7 @@ class _ConvMaxPool:
             d.dtype != _F32
             or d.ndim != 4
             or not d.transpose(0, 2, 3, 1).flags.c_contiguous
-            or y.requires_grad  # the op records the pool's backward
+            or y.requires_grad  # the op records the pool's backward (whatever the layout)
         ):
             return self.pool(self.pool_at, y)
         geo = self._geo.get(d.shape)
