@@ -526,11 +526,12 @@ _OFFSETS: dict = {}
 FEW_CHANNELS = 16
 
 
-def _empty_aligned(shape: tuple) -> np.ndarray:
-    """An uninitialised float32 array whose data starts on a 64-byte cache line."""
-    size = int(np.prod(shape))
-    buf = np.empty(size + 16, _F32)
-    off = (-buf.ctypes.data % 64) // 4
+def empty_aligned(shape: tuple, dtype=_F32) -> np.ndarray:
+    """An uninitialised array whose data starts on a 64-byte cache line (a large np.empty
+    starts 16 bytes into a page: each vector load or store of it touches two lines)."""
+    size, item = int(np.prod(shape)), np.dtype(dtype).itemsize
+    buf = np.empty(size + 64 // item, dtype)
+    off = (-buf.ctypes.data % 64) // item
     return buf[off : off + size].reshape(shape)
 
 
@@ -621,7 +622,7 @@ def conv_gemm(
     if over_res:
         out = r.reshape(n, oh, ow, o)
     else:
-        out = _empty_aligned((n, oh, ow, o)) if stream else np.empty((n, oh, ow, o), _F32)
+        out = empty_aligned((n, oh, ow, o)) if stream else np.empty((n, oh, ow, o), _F32)
     pad = pt or pb or pl or pr
     # a padded NCHW float32 input is transposed straight into the padded buffer (one copy)
     a = x.transpose(0, 2, 3, 1) if pad and x.dtype == _F32 else nhwc(x)
