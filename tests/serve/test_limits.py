@@ -77,7 +77,10 @@ def test_queue_full_gets_429_with_retry_after(patient):
         httpx.Client(base_url=patient.url, timeout=60) as b,
     ):
         with a.stream("POST", CHAT, json={**LONG, "stream": True}) as running:
-            _first_data(running.iter_lines())  # it holds the only slot
+            # keep the line iterator: a dropped one is closed at once, and closing it closes
+            # the connection, which cancels the request and frees its slot
+            lines = running.iter_lines()
+            _first_data(lines)  # it holds the only slot
             with b.stream("POST", CHAT, json={**LONG, "stream": True}) as queued:
                 assert queued.status_code == 200  # submitted: it waits in the queue
                 r = httpx.post(patient.url + CHAT, json={**LONG, "max_tokens": 5}, timeout=60)
@@ -85,6 +88,7 @@ def test_queue_full_gets_429_with_retry_after(patient):
                 assert int(r.headers["retry-after"]) >= 1
                 e = r.json()["error"]
                 assert e["code"] == "rate_limit_exceeded" and e["message"]
+                assert _first_data(lines)  # the first stream ran on all along
     # both streams are gone: their slots come back and the server answers again
     _wait_idle(patient.url)
     ok = httpx.post(patient.url + CHAT, json={**LONG, "max_tokens": 3}, timeout=60)
