@@ -648,8 +648,12 @@ def conv_gemm(
         if stream
         else _gemm_plan(key, a1, rowoff, tapoff, span, kc, panels, bias, r, act, out2)
     )
-    if plan is None:
-        G.gemm(a1, rowoff, tapoff, kc, panels, bias, r, act, out2, span, stream=stream)
+    if plan is None:  # on the calling thread (one thread, a small product), or streamed
+        rows = None
+        if m <= ONE_BLOCK_ROWS and panels.shape[0] >= ONE_BLOCK_PANELS:  # see gemm.CHUNK_PIXELS
+            mr = G._state()["mr"]
+            rows = -(-m // mr) * mr
+        G.gemm(a1, rowoff, tapoff, kc, panels, bias, r, act, out2, span, stream=stream, rows=rows)
         return channels_last(out)
     from ember.kernels.cpu import pool_tasks as PT
 
