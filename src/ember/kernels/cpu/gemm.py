@@ -684,7 +684,8 @@ CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays 
 # 64 MB (cold, as in a network), the two alternated in one process (median us, Zen 5, ad hoc):
 # ResNet-50 b1's 1x1 2048 -> 512 at 7x7 464 -> 447, 512 -> 2048 459 -> 450, 1024 -> 256 at 14x14
 # 439 -> 431, 256 -> 1024 441 -> 420; linears 197x768x3072 4129 -> 3891, 197x3072x768 4169 ->
-# 3983, 128x384x1536 639 -> 619, 197x768x768 995 -> 959.
+# 3983, 128x384x1536 639 -> 619, 197x768x768 995 -> 959. ResNet-50 b1 whole at 1 thread, one
+# process alternating per pass (medians of 10, twice): node sums 33.51 / 33.35 -> 33.09 / 32.95 ms.
 # conv outputs of this many bytes or more are written with non-temporal stores: they go back to
 # memory before the next layer reads them anyway (ResNet-50 b8's 56x56x256 maps: 25.7 MB), and
 # a normal store first reads each line in. ResNet-50 b8, per node in the network (ad hoc, 5
