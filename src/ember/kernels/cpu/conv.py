@@ -648,8 +648,12 @@ def conv_gemm(
         if stream
         else _gemm_plan(key, a1, rowoff, tapoff, span, kc, panels, bias, r, act, out2)
     )
-    if plan is None:
-        G.gemm(a1, rowoff, tapoff, kc, panels, bias, r, act, out2, span, stream=stream)
+    if plan is None:  # on the calling thread (one thread, a small product), or streamed
+        rows = None
+        if m <= ONE_BLOCK_ROWS and panels.shape[0] >= ONE_BLOCK_PANELS:  # see gemm.CHUNK_PIXELS
+            mr = G._state()["mr"]
+            rows = -(-m // mr) * mr
+        G.gemm(a1, rowoff, tapoff, kc, panels, bias, r, act, out2, span, stream=stream, rows=rows)
         return channels_last(out)
     from ember.kernels.cpu import pool_tasks as PT
 
@@ -726,6 +730,19 @@ ONE_BLOCK_PANELS = 8  # and enough panels for a few tasks per thread
 # Whole-K blocks (tx3's for linears) won 3-5 % alone but lost in the network: layer4's 3x3
 # panels (590 KB) and the next one prefetched left no room in L2 (0.61 -> 0.65-0.71 ms)
 ONE_BLOCK_SPLIT_PANELS = 2 * 4
+# Their 1x1 convs at 2 threads (branch pw2): alone with warm caches 1024 -> 256 at 14x14 runs at
+# ~207 us (~495 GFLOP/s), with the weight cold (64 MB of weights cycled) ~217, in the network
+# ~221-235 (onnxruntime's profile: 217-219, ~5 us of it the profiler's); 2048 -> 512 at 7x7 207-221
+# warm, 240-260 cold, 234-268 in the network (onnxruntime 253-255). Python per kept conv node
+# ~2 us hot, ~5-6 us in the network. Tried and left out, none beyond the noise (one process
+# alternating the variants, medians of 20-30 passes, node sums within +-1 %): the task's first
+# block of weights prefetched at its start; the residual rows of the tile 1-2 tiles on
+# prefetched (into L1 or L2: layer3's conv + residual 0.31-0.33 -> 0.32-0.34 ms); tile heights
+# balanced over a task's rows (49 = 9 + 4 x 10, not 4 x 12 + 1: 207.4 against 207.5 us alone);
+# K in one block up to 2048 channels; the back half of the tasks (the worker's) taking their
+# panels in descending order, so each thread's weight stream and prefetch run on into its next
+# task; 8 tasks per thread; the rows-first order from 256 KB outputs (layer2's 1x1s); the
+# plain full-panel store for a residual added in panel order.
 _PLANS: dict = {}  # (geometry, weight, ...) -> (gemm's pool job, the arrays its words point to)
 
 

@@ -677,6 +677,15 @@ SERIAL_BELOW = 1 << 21
 SERIAL_MAX_WEIGHT_BYTES = 2 << 20
 USE_POOL = True  # False: numba's prange driver, one task per thread (before the pool; to compare)
 CHUNK_PIXELS = 96  # rows a task sweeps per pass over its panels (their A stays in L1/L2)
+# Rows on the calling thread: the callers that pass ``rows`` for a product of a few hundred rows (linear_packed's
+# and conv_gemm's one-block products) have the calling thread sweep all of them per pass over
+# the panels too, so the weight streams in once: in CHUNK_PIXELS blocks (196 rows: 96 + 96 + 4)
+# each block re-read the whole weight, from L3 or memory. One thread, weights cycled through
+# 64 MB (cold, as in a network), the two alternated in one process (median us, Zen 5, ad hoc):
+# ResNet-50 b1's 1x1 2048 -> 512 at 7x7 464 -> 447, 512 -> 2048 459 -> 450, 1024 -> 256 at 14x14
+# 439 -> 431, 256 -> 1024 441 -> 420; linears 197x768x3072 4129 -> 3891, 197x3072x768 4169 ->
+# 3983, 128x384x1536 639 -> 619, 197x768x768 995 -> 959. ResNet-50 b1 whole at 1 thread, one
+# process alternating per pass (medians of 10, twice): node sums 33.51 / 33.35 -> 33.09 / 32.95 ms.
 # conv outputs of this many bytes or more are written with non-temporal stores: they go back to
 # memory before the next layer reads them anyway (ResNet-50 b8's 56x56x256 maps: 25.7 MB), and
 # a normal store first reads each line in. ResNet-50 b8, per node in the network (ad hoc, 5
@@ -745,7 +754,8 @@ def gemm(
     itself: a K longer than K_BLOCK sums into out block by block); act 0/1/2. span: the
     (lowest, highest) row + tap offset when the caller knows it (else computed here). threads:
     numba's threads (default ember's setting); 1 runs on the calling thread without starting
-    numba's team. rows: output rows per pool task (default CHUNK_PIXELS; see linear_packed).
+    numba's team. rows: output rows per pool task, and per pass over the panels on the calling
+    thread (default CHUNK_PIXELS; see linear_packed and the note at CHUNK_PIXELS).
     stream: write an output of STREAM_BYTES or more whose rows start on cache lines with
     non-temporal stores (see ``STREAM_BYTES``). kblock: channels per block of K (default
     ``k_block``'s; see ``linear_k_block``).
@@ -776,7 +786,7 @@ def gemm(
     if threads == 1 or small:  # waking the workers costs more
         st["serial"](
             a, rowoff, tapoff, kc, packed, bias, out if res is None else res, flags,
-            act, out, mr, 1, 1, CHUNK_PIXELS, kblock,
+            act, out, mr, 1, 1, rows or CHUNK_PIXELS, kblock,
         )  # fmt: skip
         return out
     if USE_POOL:
