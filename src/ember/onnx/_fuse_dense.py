@@ -183,15 +183,19 @@ class _PoolLinearRun:
     runs the fused call; any other, or one that records a gradient, the two nodes.
     """
 
-    __slots__ = ("pool", "pool_at", "lin", "lin_at", "c")
+    __slots__ = ("pool", "pool_at", "lin", "lin_at", "c", "row")
 
     def __init__(self, pool, lin) -> None:
         self.pool, self.pool_at, self.lin, self.lin_at = pool.fn, pool.attrs, lin.fn, lin.attrs
         self.c = lin.fn.w.shape[1]
+        self.row: gemv.RowProduct | None | bool = None  # the product's, at the first call
 
     def __call__(self, at, x: Tensor) -> Tensor:
         d = x._data
-        if d.dtype == _F32 and d.ndim == 4 and d.shape[0] == 1 and d.shape[1] == self.c:
+        r = self.row
+        if r is None:
+            r = self.row = self.lin.row_product() or False
+        if r and d.dtype == _F32 and d.ndim == 4 and d.shape[0] == 1 and d.shape[1] == self.c:
             rows = d.shape[2] * d.shape[3]
             nhwc = d.transpose(0, 2, 3, 1)
             if (
@@ -199,9 +203,7 @@ class _PoolLinearRun:
                 and nhwc.flags.c_contiguous
                 and not (x.requires_grad and ember.is_grad_enabled())
             ):
-                r = self.lin.row_product()
-                if r is not None:
-                    return Tensor._wrap(r(nhwc.reshape(-1), rows).reshape(1, -1))
+                return Tensor._wrap(r(nhwc.reshape(-1), rows).reshape(1, -1))
         return self.lin(self.lin_at, self.pool(self.pool_at, x))
 
 

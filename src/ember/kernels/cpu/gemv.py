@@ -202,6 +202,7 @@ def _run_ir() -> str:
 
 
 _run = None  # ember_gemv_run (a numba ExternalFunction), bound by _build
+_pool = None  # kernels.cpu.pool, bound by _build (no import on each call)
 
 
 def _call_py(desc, x, rows, out, xoff, ctrl, own, np_):  # pragma: no cover - compiled
@@ -226,6 +227,7 @@ def _build() -> dict:
     engine = G.jit_ir([_task_ir(w, nv), _mean_ir(w), _run_ir()], ["ember_gemv_run"])
     i64 = nb.types.int64
     g = globals()
+    g["_pool"] = pool
     g["_run"] = nb.types.ExternalFunction("ember_gemv_run", nb.types.void(*([i64] * 8)))
     call = nb.njit(cache=True, nogil=True)(vecmath.keyed(_call_py, sys.modules[__name__], pool))
     ctrl = pool.state()["ctrl"].ctypes.data  # the pool's block: one address for the process
@@ -244,9 +246,7 @@ _own = threading.local()  # a thread's own job block, for when another thread ho
 def _own_block() -> int:
     blk = getattr(_own, "blk", None)
     if blk is None:
-        from ember.kernels.cpu import pool
-
-        arr = np.zeros(pool.CTRL_WORDS, np.int64)
+        arr = np.zeros(_pool.CTRL_WORDS, np.int64)
         blk = _own.blk = (arr, arr.ctypes.data)
     return blk[1]
 
@@ -290,14 +290,11 @@ class RowProduct:
 
     def __call__(self, x: np.ndarray, rows: int = 0) -> np.ndarray:
         """The (O,) product of x (K floats; or rows x K whose row mean is x)."""
-        from ember.kernels.cpu import pool
-
         n = self.k * rows if rows > 0 else self.k
         if x.dtype != _F32 or x.ndim != 1 or x.size != n or not x.flags.c_contiguous or rows < 0:
             raise ValueError(f"RowProduct: x must be {n} contiguous float32 values")
-        p = self.panels.shape[0]
         pad = self.bias.size
         out = np.empty(pad + self.k if rows else pad, _F32)  # [the mean after the product's]
-        pool.ctrl()  # the workers started for the thread count
-        self.call(self.addr, x, rows, out, pad, _STATE["ctrl"], _own_block(), p)
+        _pool.ctrl()  # the workers started for the thread count
+        self.call(self.addr, x, rows, out, pad, _STATE["ctrl"], _own_block(), self.panels.shape[0])
         return out[: self.o]
