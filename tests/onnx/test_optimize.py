@@ -17,6 +17,7 @@ import ember  # noqa: E402
 import ember.onnx  # noqa: E402
 from ember.kernels.cpu import attention as A  # noqa: E402
 from ember.kernels.cpu import gemm as G  # noqa: E402
+from ember.kernels.cpu import gemv  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -190,6 +191,66 @@ def test_global_pool_then_flatten_as_one_node(hw):
     m = _model(nodes, [("x", F32, ["n", 3, *hw])], ["out", "out2", "m2"], inits)
     fast = _both(m, [{"x": _r(2, 3, *hw)}])
     assert _ops(fast).count("Flatten") == 2  # axis 2, and a pool the graph returns: unfused
+
+
+@pytest.mark.parametrize("hw", [(7, 7), (1, 1), (3, 5)])
+@pytest.mark.parametrize("c,o", [(19, 37), (64, 100)])
+def test_classifier_tail_pool_and_product_as_one_node(c, o, hw):
+    """ResNet's tail: a fused conv with a residual -> GlobalAveragePool -> Flatten -> Gemm, one
+    PoolLinear node (kernels.cpu.gemv's mean and product at batch 1, 1 and 2 threads; the two
+    nodes at batch 3 and 0, for an NCHW input and when the input records a gradient)."""
+    inits = [_t("w", _r(c, c, 3, 3, scale=0.3)), _t("b", _r(c)), _t("fc", _r(o, c)),
+             _t("fb", _r(o))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["y", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["m"]),
+        helper.make_node("Flatten", ["m"], ["f"], axis=1),
+        helper.make_node("Gemm", ["f", "fc", "fb"], ["out"], transB=1),
+        helper.make_node("GlobalAveragePool", ["x"], ["m2"]),  # NCHW: the two nodes' path
+        helper.make_node("Flatten", ["m2"], ["f2"]),
+        helper.make_node("Gemm", ["f2", "fc"], ["out2"], transB=1),
+    ]
+    m = _model(nodes, [("x", F32, ["n", c, *hw])], ["out", "out2"], inits)
+    threads = ember.get_num_threads()
+    try:
+        for t in (1, 2):
+            ember.set_num_threads(t)
+            fast = _both(m, [{"x": _r(n, c, *hw)} for n in (1, 3, 0, 1)])
+    finally:
+        ember.set_num_threads(threads)
+    if G.microkernels_available():
+        assert _ops(fast).count("PoolLinear") == 2, _ops(fast)
+    if G.microkernels_available() and hw != (1, 1):  # (1, 1): the pool op's own NHWC path
+        x = ember.tensor(_r(1, c, *hw), requires_grad=True)  # records: the plain ops
+        g = fast.graph
+        pl = next(nd for nd in g.nodes if nd.op == "PoolLinear")
+        y = pl.fn(pl.attrs, x)
+        assert y.requires_grad and y.shape == (1, o)
+
+
+@needs_gemm
+@pytest.mark.parametrize("shape", [(1, 40), (1, 1, 40), (40,)])
+def test_one_row_products_run_the_row_kernel(shape):
+    """A product of one row (a classifier at batch 1, a decoder step): kernels.cpu.gemv's
+    RowProduct, bitwise the GEMM's row of a larger batch; the product after it too."""
+    inits = [_t("w", _r(40, 50)), _t("b", _r(50)), _t("w2", _r(50, 70))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["out"]),
+        helper.make_node("MatMul", ["out", "w2"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["out2"]),
+    ]
+    m = _model(nodes, [("x", F32, None)], ["out", "out2"], inits)
+    x = _r(*shape)
+    fast = _both(m, [{"x": x}])
+    rows = [nd.fn.row_product() for nd in fast.graph.nodes if nd.op == "Linear"]
+    assert len(rows) == 2 and all(r is not None for r in rows) == (gemv.state() is not None)
+    big = np.concatenate([x.reshape(1, 40), _r(4, 40)])
+    one, many = fast.run({"x": x}), fast.run({"x": big})
+    for name in ("out", "out2"):
+        np.testing.assert_array_equal(one[name].numpy().reshape(-1), many[name].numpy()[0])
 
 
 def test_residual_that_broadcasts_and_values_read_twice_stay_right():

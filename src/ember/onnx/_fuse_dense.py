@@ -8,7 +8,11 @@
   shape (``gemm.linear_packed_residual``: no separate pass over the output), and a GELU after
   it (the fused ``Gelu`` node below) is written over the product's fresh output. Plain products
   of one input (a layer's Q, K and V projections) are one product on their weights stacked side
-  by side, each result a view of its columns (``_SharedInputLinearRun``).
+  by side, each result a view of its columns (``_SharedInputLinearRun``). A product of one row
+  (a classifier at batch 1) runs kernels.cpu.gemv's ``RowProduct`` on the same panels (one call
+  into machine code, the panels split over the pool's threads), and a classifier's
+  GlobalAveragePoolFlatten (``_fuse_conv``) and its product become one node (``_PoolLinearRun``:
+  the mean and the product in that one call).
 - ``MatMul(Q, K^T)`` [``Mul``/``Div`` by a scalar] [``Add`` mask] ``Softmax`` ``MatMul(., V)`` (an
   exporter's eager attention) becomes ``F.scaled_dot_product_attention``: on (B, H, L, D) float32
   inputs and a mask that only drops keys (0 where a key is kept, a large negative number where it
@@ -34,6 +38,7 @@ import numpy as np
 
 import ember
 from ember.kernels.cpu import gemm as G
+from ember.kernels.cpu import gemv
 from ember.nn import functional as F
 from ember.onnx._optimize import Rewriter, fused_node
 from ember.tensor import Tensor
@@ -123,6 +128,21 @@ class _LinearRun:
         self, w: Tensor, b: Tensor | None, b_rank: int, replay: Replay, arena: Arena
     ) -> None:
         self.w, self.b, self.b_rank, self.replay, self.arena = w, b, b_rank, replay, arena
+        self._row: gemv.RowProduct | None | bool = None  # built at the first one-row product
+
+    def row_product(self) -> gemv.RowProduct | None:
+        """The one-row product on the weight's panels (kernels.cpu.gemv), or None where it
+        does not run (no kernels, or narrow panels: the GEMM keeps those)."""
+        r = self._row
+        if r is None:
+            w = self.w._data
+            p = G.packed_panels(w)
+            st = gemv.state()
+            r = False
+            if p is not None and st is not None and p.ndim == 3 and p.shape[2] == st["nr"]:
+                r = gemv.RowProduct(p, w.shape[0], None if self.b is None else self.b._data)
+            self._row = r
+        return r or None
 
     def __call__(self, at, x: Tensor, *rest) -> Tensor:
         if x.dtype != ember.float32 or x.ndim < max(1, self.b_rank):
@@ -144,9 +164,58 @@ class _LinearRun:
     def _product(self, x: np.ndarray, res: np.ndarray | None) -> np.ndarray:
         w = self.w._data
         m = math.prod(x.shape[:-1])
+        if m == 1 and res is None and x.flags.c_contiguous and (r := self.row_product()):
+            return r(x.reshape(-1)).reshape(*x.shape[:-1], w.shape[0])
         out = self.arena.take(m, w.shape[0]) if x.size else None
         b = None if self.b is None else self.b._data
         return G.linear_packed_residual(x, w, b, res, out)
+
+
+class _PoolLinearRun:
+    """A classifier's tail, GlobalAveragePoolFlatten (``_fuse_conv``) then a plain product of
+    its (1, C) result, as one node: the mean and the product in one call of
+    kernels.cpu.gemv (ResNet-50's 7x7x2048 -> 1000).
+
+    In a whole pass the two nodes' Python runs cold and the weight comes from DRAM: ResNet-50
+    b1 spent ~80 us in the pool node (~12 us alone) and ~300 us in the product's (~45 us of
+    it around the kernel), and the pool's worker, asleep after that long since the last
+    conv's job, joined the product 70-150 us late. A channels-last float32 input of batch 1
+    runs the fused call; any other, or one that records a gradient, the two nodes.
+    """
+
+    __slots__ = ("pool", "pool_at", "lin", "lin_at", "c", "row")
+
+    def __init__(self, pool, lin) -> None:
+        self.pool, self.pool_at, self.lin, self.lin_at = pool.fn, pool.attrs, lin.fn, lin.attrs
+        self.c = lin.fn.w.shape[1]
+        self.row: gemv.RowProduct | None | bool = None  # the product's, at the first call
+
+    def __call__(self, at, x: Tensor) -> Tensor:
+        d = x._data
+        r = self.row
+        if r is None:
+            r = self.row = self.lin.row_product() or False
+        if r and d.dtype == _F32 and d.ndim == 4 and d.shape[0] == 1 and d.shape[1] == self.c:
+            rows = d.shape[2] * d.shape[3]
+            nhwc = d.transpose(0, 2, 3, 1)
+            if (
+                rows
+                and nhwc.flags.c_contiguous
+                and not (x.requires_grad and ember.is_grad_enabled())
+            ):
+                return Tensor._wrap(r(nhwc.reshape(-1), rows).reshape(1, -1))
+        return self.lin(self.lin_at, self.pool(self.pool_at, x))
+
+
+def _fuse_pool_linear(rw: Rewriter, i: int) -> None:
+    """A plain product whose input is a GlobalAveragePoolFlatten's, read by it alone."""
+    nd = rw.nodes[i]
+    p = rw.producer.get(nd.inputs[0])
+    pn = rw.node(p)
+    if pn is None or pn.op != "GlobalAveragePoolFlatten" or rw.sole_user(nd.inputs[0]) != i:
+        return
+    run = _PoolLinearRun(pn, nd)
+    rw.replace([p, i], fused_node("PoolLinear", [pn.inputs[0]], list(nd.outputs), run, nd))
 
 
 class _GeluLinearRun(_LinearRun):
@@ -739,6 +808,9 @@ def fuse(rw: Rewriter, products: bool = True) -> None:
                 _fuse_gemm(rw, i, arena)
         rw.index()
         _fuse_shared_input(rw, arena)
+        for i, nd in enumerate(rw.nodes):
+            if nd is not None and type(nd.fn) is _LinearRun and len(nd.inputs) == 1:
+                _fuse_pool_linear(rw, i)
     masks = _KeyMasks()  # the graph's attention nodes share it
     for i, nd in enumerate(rw.nodes):
         if nd is not None and nd.op == "Softmax":
