@@ -491,23 +491,43 @@ def _fuse_pool_flatten(rw: Rewriter, i: int) -> None:
 class _ConvMaxPool:
     """A fused conv then the ``MaxPool`` that alone reads its result (ResNet's stem), one node.
 
-    The pool runs kernels.cpu.conv's NHWC max pool straight on the conv's channels-last result,
-    its output geometry worked out once per input shape. Two nodes cost two rounds of the graph
-    loop's and the pool op's Python (F.max_pool2d's argument checks, the op's apply, the
-    kernel registry), which in a whole pass runs cold: ResNet-50 b1's pool node took ~140-165 us
-    in the pass around a ~80-100 us kernel call (ad-hoc timings of each node's call, medians of
-    30 passes, 1 and 2 threads). Any other input (not float32, not channels-last, or one that
-    records a gradient) goes through the pool node's own function.
+    Where kernels.cpu.stem applies (64 output channels, a contiguous NCHW float32 image, a
+    3x3 stride-2 pool, ReLU/ReLU6 or no activation; AVX-512), the node is one call of its
+    kernel from a shape's second call on: a direct conv read from the image, each conv row
+    pooled while it is in cache (the conv's 3.2 MB output never made). ResNet-50 b1's stem in
+    the pass, one process alternating the two paths pass by pass (medians of 30-40 passes,
+    ad hoc, several runs): 1 thread 1.07-1.15 -> 0.98-1.04 ms, 2 threads 0.62-0.69 -> 0.50-0.58
+    (the conv on the GEMM over a padded NHWC copy, then the pool over its result; onnxruntime's
+    profile: conv 0.94 / 0.49 + pool 0.07 / 0.04).
+
+    Otherwise the pool runs kernels.cpu.conv's NHWC max pool straight on the conv's
+    channels-last result, its output geometry worked out once per input shape. Two nodes cost
+    two rounds of the graph loop's and the pool op's Python (F.max_pool2d's argument checks,
+    the op's apply, the kernel registry), which in a whole pass runs cold: ResNet-50 b1's pool
+    node took ~140-165 us in the pass around a ~80-100 us kernel call (ad-hoc timings of each
+    node's call, medians of 30 passes, 1 and 2 threads). Any other input (not float32, not
+    channels-last, or one that records a gradient) goes through the pool node's own function.
     """
 
-    __slots__ = ("conv", "conv_at", "pool", "pool_at", "k", "_geo")
+    __slots__ = ("conv", "conv_at", "pool", "pool_at", "k", "_geo", "_stems")
 
     def __init__(self, conv, pool) -> None:
         self.conv, self.conv_at, self.pool, self.pool_at = conv.fn, conv.attrs, pool.fn, pool.attrs
         self.k = list(pool.attrs.get("kernel_shape"))
         self._geo: dict = {}  # conv output shape -> (out shape, stride, pads) of the pool
+        self._stems: dict = {}  # (input shape, dtype, threads) -> stem.Plan, or False
 
     def __call__(self, at, x):
+        if _plain(x, None):  # the stem kernel, where it applies (nothing to record)
+            d = x._data
+            key = (d.shape, d.dtype, get_num_threads())
+            plan = self._stems.get(key)
+            if plan is None:
+                plan = self._stem(d, key[-1])
+                if plan is not None and len(self._stems) < _SEEN_MAX:
+                    self._stems[key] = plan
+            if plan and d.flags.c_contiguous:
+                return Tensor._wrap(K.channels_last(plan.run(d)))
         y = self.conv(self.conv_at, x)
         d = y._data
         if (
@@ -528,6 +548,31 @@ class _ConvMaxPool:
         o = np.empty(shape, _F32)
         K.maxpool_nhwc(d.transpose(0, 2, 3, 1), o, *self.k, *s, *lo)
         return Tensor._wrap(K.channels_last(o))
+
+    def _stem(self, d: np.ndarray, threads: int):
+        """kernels.cpu.stem's Plan for input d's shape, False where it does not apply, or None
+        while the pool's geometry for it is not known yet (the first call works it out)."""
+        from ember.kernels.cpu import stem
+
+        run = self.conv
+        if (
+            d.dtype != _F32 or d.ndim != 4 or run.one_d or run.groups != 1 or self.k != [3, 3]
+            or run.act not in (None, "relu", "relu6") or (run.scale, run.shift) != (1.0, 0.0)
+            or tuple(run.w.shape[:2]) != (stem.O, d.shape[1]) or stem.state() is None
+        ):  # fmt: skip
+            return False
+        s, _, lo, hi = _geometry(run.conv_at, list(d.shape[2:]), run.k)
+        pads = (lo[0], hi[0], lo[1], hi[1])
+        (kh, kw), (n, _, h, w) = run.k, d.shape
+        oh, ow = (h + lo[0] + hi[0] - kh) // s[0] + 1, (w + lo[1] + hi[1] - kw) // s[1] + 1
+        geo = self._geo.get((n, stem.O, oh, ow))
+        if geo is None:
+            return None
+        (_, ph, pw, _), qs, qlo = geo
+        if not stem.applies(d.shape, run.w.shape, s, pads, qs, qlo, (ph, pw)):
+            return False
+        return stem.Plan(d.shape, np.asarray(run.w._data), run.b._data, s, pads, K.ACTS[run.act],
+                         qlo, (ph, pw), threads)  # fmt: skip
 
 
 def _fuse_conv_max_pool(rw: Rewriter, i: int) -> None:
