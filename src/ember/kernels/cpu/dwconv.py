@@ -21,21 +21,24 @@ Measured on one thread (Zen 5, MobileNetV2's 3x3 ReLU6 layers at batch 1, numba 
 On the pool's two threads the large ones take ~0.6x of that. Where the microkernels do not
 build (EMBER_SGEMM_ISA=none, no AVX2) conv's numba loop runs instead.
 
-Kernels three taps wide at column stride 1 or 2 (MobileNetV2's) run whole kernel rows instead
-(``ember_dwr{sw}_P``): per kernel row the 3 weight vectors and the (P - 1) * sw + 3 input
-columns the P windows span are each loaded once, every column feeding the FMAs of each pixel
-whose window holds it (13 loads per 24 FMAs at stride 1, against 27 per 24 per tap): one call
-of 8 pixels on cached rows, 144 channels, 72 -> 122 GMAC/s. Two channel vectors per trip (16
+Kernels three taps wide at column stride 1 (MobileNetV2's) run whole kernel rows instead
+(``ember_dwr1_P``): per kernel row the 3 weight vectors and the P + 2 input columns the P
+windows span are each loaded once, every column feeding the FMAs of each pixel whose window
+holds it (13 loads per 24 FMAs, against 27 per 24 per tap): one call of 8 pixels on cached
+rows, 144 channels, 72 -> 122 GMAC/s. Two channel vectors per trip (16
 sums) ran at 47 GMAC/s there (spilled registers). In a whole map the rows then came from L2,
 each input row once per output row it feeds; so the interior pixels go a slice of channels at
 a time over all the rows asked for (``SLICE_BYTES`` of a slice's input rows: 12 KB measured a
 little ahead of 24 and of no slicing, which was the old order), and a row's next two output
 rows find the slice's input in L1. Whole maps on 1 thread (aligned, ReLU6): 7x7x960 10.0-10.6
 -> 7.7-8.0 us, 14x14x576 24-25 -> 16-18, 14x14x384 15.5-16 -> 9.7-10.3, 28x28x192 27-30 ->
-22-23; the 56x56 and 112x112 ones, whose input comes from memory, and the stride-2 ones within
-the noise. The pixels whose window crosses the left or right border run on ``ember_dwe``: one
-pixel, ``EDGE_NV`` channel vectors at once (one vector's sum waits an FMA latency per tap:
-144 channels 29 -> 42 GMAC/s).
+22-23; the 56x56 and 112x112 ones, whose input comes from memory, within the noise. In
+MobileNetV2 b1 (one process, the two paths alternating, medians of 80 calls per node, 2 threads)
+the stride-1 blocks took 1.5-4 % less, the whole network ~2 %; the stride-2 blocks on the
+whole-row kernel (at stride 2, P pixels span 2P + 1 columns) took 0.5-1.5 % more, so they keep
+the per-tap kernel. The pixels whose window crosses the left or right border run on
+``ember_dwe``: one pixel, ``EDGE_NV`` channel vectors at once (one vector's sum waits an FMA
+latency per tap: 144 channels 29 -> 42 GMAC/s).
 """
 
 from __future__ import annotations
@@ -46,13 +49,12 @@ from ember.kernels.cpu import gemm as G
 
 P_MAX = 8  # output pixels per call: P accumulators + the weight + an input vector in registers
 _STATE: dict = {}
-ROW_KW, ROW_SW = 3, (1, 2)  # kernel widths and column strides with whole-row kernels
+ROW_KW = 3  # the kernel width with whole-row kernels (at column stride 1)
 SLICE_BYTES = 12 << 10  # input rows' bytes of a channel slice (kept in L1 across output rows)
 EDGE_NV = 8  # channel vectors at once of a border pixel's kernel
 _de = None  # the border pixels' kernel (ExternalFunction)
 _d1 = _d2 = _d3 = _d4 = _d5 = _d6 = _d7 = _d8 = None  # the IR kernels (ExternalFunction)
-_r1_1 = _r1_2 = _r1_3 = _r1_4 = _r1_5 = _r1_6 = _r1_7 = _r1_8 = None  # whole-row, stride 1
-_r2_1 = _r2_2 = _r2_3 = _r2_4 = _r2_5 = _r2_6 = _r2_7 = _r2_8 = None  # whole-row, stride 2
+_r1 = _r2 = _r3 = _r4 = _r5 = _r6 = _r7 = _r8 = None  # the whole-row kernels
 _call = _callr = _rows = None  # _call_py, _callr_py, _rows_py compiled
 
 
@@ -284,41 +286,24 @@ def _call_py(p, args):  # pragma: no cover - compiled
         _d1(*args)
 
 
-def _callr_py(p, sw, args):  # pragma: no cover - compiled
-    """The whole-row kernel for p pixels (1..P_MAX) at column stride sw (1 or 2)."""
-    if sw == 1:
-        if p == 8:
-            _r1_8(*args)
-        elif p == 7:
-            _r1_7(*args)
-        elif p == 6:
-            _r1_6(*args)
-        elif p == 5:
-            _r1_5(*args)
-        elif p == 4:
-            _r1_4(*args)
-        elif p == 3:
-            _r1_3(*args)
-        elif p == 2:
-            _r1_2(*args)
-        else:
-            _r1_1(*args)
-    elif p == 8:
-        _r2_8(*args)
+def _callr_py(p, args):  # pragma: no cover - compiled
+    """The whole-row kernel for p pixels (1..P_MAX)."""
+    if p == 8:
+        _r8(*args)
     elif p == 7:
-        _r2_7(*args)
+        _r7(*args)
     elif p == 6:
-        _r2_6(*args)
+        _r6(*args)
     elif p == 5:
-        _r2_5(*args)
+        _r5(*args)
     elif p == 4:
-        _r2_4(*args)
+        _r4(*args)
     elif p == 3:
-        _r2_3(*args)
+        _r3(*args)
     elif p == 2:
-        _r2_2(*args)
+        _r2(*args)
     else:
-        _r2_1(*args)
+        _r1(*args)
 
 
 def _rows_py(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover - compiled
@@ -336,7 +321,7 @@ def _rows_py(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover 
     ta, twa = np.int64(taps[0].ctypes.data), np.int64(taps[1].ctypes.data)
     ea, ewa = np.int64(taps[2].ctypes.data), np.int64(taps[3].ctypes.data)
     ka, kwa = np.int64(taps[4].ctypes.data), np.int64(taps[5].ctypes.data)
-    whole = kw == ROW_KW and (sw == ROW_SW[0] or sw == ROW_SW[1])
+    whole = kw == ROW_KW and sw == 1
     x0 = min((pl + sw - 1) // sw, ow)  # output columns [x0, x1): windows inside the image
     x1 = max(min((wd - kw + pl) // sw + 1, ow), x0)
     ps = sw * c
@@ -357,9 +342,8 @@ def _rows_py(x, w, bias, out, sh, sw, pt, pl, act, r0, r1):  # pragma: no cover 
                 xo = x0
                 while xo < x1:
                     p = min(P_MAX, x1 - xo)
-                    _callr(p, sw, (xa + (row + (xo * sw - pl) * c) * 4, c, ka, kwa, i1 - i0,
-                                   wa + c0 * 4, cn, ba + c0 * 4, oa + (orow + xo * c) * 4, lo,
-                                   hi))  # fmt: skip
+                    _callr(p, (xa + (row + (xo - pl) * c) * 4, c, ka, kwa, i1 - i0, wa + c0 * 4,
+                               cn, ba + c0 * 4, oa + (orow + xo * c) * 4, lo, hi))  # fmt: skip
                     xo += p
     for r in range(r0, r1):
         b = r // oh
@@ -435,9 +419,9 @@ def state() -> dict | None:
             w = G.ISAS[G.isa()][0]
             ps = range(1, P_MAX + 1)
             names = [f"ember_dw_{p}" for p in ps]
-            names += [f"ember_dwr{sw}_{p}" for sw in ROW_SW for p in ps]
+            names += [f"ember_dwr1_{p}" for p in ps]
             irs = [kernel_ir(p, w) for p in ps]
-            irs += [kernel_ir(p, w, ROW_KW, sw) for sw in ROW_SW for p in ps]
+            irs += [kernel_ir(p, w, ROW_KW) for p in ps]
             names.append("ember_dwe")
             irs.append(kernel_ir(1, w, nv=EDGE_NV))
             engine = G.jit_ir(irs, names)
@@ -447,8 +431,7 @@ def state() -> dict | None:
             g["_de"] = types.ExternalFunction("ember_dwe", sig)
             for p in ps:
                 g[f"_d{p}"] = types.ExternalFunction(f"ember_dw_{p}", sig)
-                for sw in ROW_SW:
-                    g[f"_r{sw}_{p}"] = types.ExternalFunction(f"ember_dwr{sw}_{p}", sig)
+                g[f"_r{p}"] = types.ExternalFunction(f"ember_dwr1_{p}", sig)
             g["prange"] = nb.prange
             opts = dict(nogil=True, cache=True, fastmath=set(FASTMATH))
             g["_call"] = nb.njit(**opts)(_call_py)
