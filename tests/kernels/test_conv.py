@@ -536,6 +536,39 @@ def test_depthwise_vector_kernel_matches_reference():
     assert np.isnan(got[0, :3, :3, 3]).all() and not np.isnan(np.delete(got, 3, axis=3)).any()
 
 
+DW_RECT_CASES = [  # n, h, w, c, kh, kw, sh, sw, pt, pl: whole-row kernels, slices, edges
+    (1, 6, 40, 37, 3, 3, 1, 1, 1, 1),  # channel slices of 16, 16 and 5 (a masked tail)
+    (1, 7, 41, 37, 3, 3, 2, 2, 1, 1),  # stride 2, slices, runs of P_MAX and a remainder
+    (2, 5, 6, 133, 3, 3, 1, 1, 1, 1),  # a border pixel's kernel on 8 vectors and the rest
+    (1, 4, 23, 133, 3, 3, 2, 2, 0, 1),  # stride 2 from the left border, wide channels
+    (1, 9, 13, 21, 5, 3, 1, 1, 2, 1),  # 5 kernel rows of 3 taps: whole rows, rows cut above/below
+    (1, 8, 11, 19, 3, 5, 1, 1, 1, 2),  # 5 taps a row: the per-tap kernel
+    (1, 8, 19, 24, 3, 3, 1, 2, 1, 1),  # row stride 1, column stride 2
+    (1, 10, 9, 300, 3, 3, 1, 1, 1, 1),  # one slice of many channel blocks
+]
+
+
+def test_depthwise_vector_kernel_rows_slices_and_borders():
+    """The whole-row kernels (3 taps a kernel row, column stride 1 or 2) over channel slices,
+    and the border pixels' kernel, against the float64 reference."""
+    from ember.kernels.cpu import dwconv
+
+    st = dwconv.state()
+    if st is None:
+        pytest.skip("no microkernels here")
+    for n, h, w, c, kh, kw, sh, sw, pt, pl in DW_RECT_CASES:
+        x, wt, bias = _r(n, h, w, c), _r(kh, kw, c), _r(c)
+        oh, ow = (h + 2 * pt - kh) // sh + 1, (w + 2 * pl - kw) // sw + 1
+        for act in (0, 2):
+            ref = K.depthwise_nhwc_reference(
+                x.astype(np.float64), wt.astype(np.float64), bias.astype(np.float64),
+                np.empty((n, oh, ow, c)), sh, sw, pt, pl, act,
+            )  # fmt: skip
+            got = np.full((n, oh, ow, c), np.nan, np.float32)
+            st["serial"](x, wt, bias, got, sh, sw, pt, pl, act)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_depthwise_vector_kernel_avx2_in_a_fresh_process():
     """8-lane kernels (what an AVX2-only CPU runs), forced by EMBER_SGEMM_ISA."""
     from ember.kernels.cpu import gemm
@@ -548,6 +581,7 @@ def test_depthwise_vector_kernel_avx2_in_a_fresh_process():
         "from tests.kernels import test_conv as t\n"
         "assert gemm.isa() == 'avx2'\n"
         "t.test_depthwise_vector_kernel_matches_reference()\n"
+        "t.test_depthwise_vector_kernel_rows_slices_and_borders()\n"
         "t.test_fused_depthwise_matches_reference()\n"
         "print('ok')\n"
     )

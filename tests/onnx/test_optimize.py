@@ -602,6 +602,19 @@ def test_inverted_residual_scratch_on_cache_lines():
         assert a.ctypes.data % 64 == 0 and a.size >= size and a.dtype == dt
 
 
+def test_inverted_residual_gemm_tiles_even():
+    """The block's GEMMs tile rows in the fewest tiles of at most MR rows, as even as they go
+    (49 rows: 4 x 10 + 9, not 4 x 12 + 1)."""
+    from ember.kernels.cpu import irblock
+
+    assert irblock._even_py(49, 12) == 10 and irblock._even_py(96, 12) == 12
+    for mr in range(1, 13):
+        for rows in range(1, 200):
+            h = irblock._even_py(rows, mr)
+            tiles = -(-rows // h)
+            assert h <= mr and tiles == -(-rows // mr) and rows - (tiles - 1) * h >= h - tiles
+
+
 def test_inverted_residual_blocks_not_fused_and_replayed():
     """A chain value read twice stays unfused; a residual that broadcasts, or an input of
     another channel count at run time, runs the three convs."""
