@@ -1,7 +1,8 @@
 """kernels.cpu.stem (direct few-channel conv + 3x3 stride-2 max pool in one pass) against the
-float64 reference: awkward image sizes, batches, one-sided paddings, both column strides, every
-activation, pool pads 0 and 1, one thread (one band) and two (bands with shared boundaries),
-NaN and infinities; ``applies`` refusing what the kernel does not run; no kernel on AVX2."""
+float64 reference: awkward image sizes, batches, one-sided paddings, both column strides, ReLU
+and ReLU6, pool pads 0 and 1, one thread (one band) and two (bands with shared boundaries), NaN
+and infinities; ``applies`` and ``Plan`` refusing what the kernel does not run; no kernel on
+AVX2."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ pytestmark = pytest.mark.skipif(S.state() is None, reason="no stem kernel here (
 # (n, c, h, w, kh, kw, stride, pads (t, b, l, r), act, pool pad)
 CASES = [
     (1, 3, 224, 224, 7, 7, (2, 2), (3, 3, 3, 3), 1, 1),  # ResNet-50's stem
-    (3, 3, 37, 41, 7, 7, (2, 2), (3, 2, 1, 3), 0, 1),
+    (3, 3, 37, 41, 7, 7, (2, 2), (3, 2, 1, 3), 2, 1),
     (2, 2, 30, 29, 5, 3, (1, 2), (0, 2, 2, 0), 2, 0),
     (1, 1, 20, 50, 3, 3, (2, 1), (1, 1, 1, 1), 1, 1),
-    (2, 4, 19, 23, 3, 5, (1, 1), (2, 0, 0, 4), 0, 0),
+    (2, 4, 19, 23, 3, 5, (1, 1), (2, 0, 0, 4), 1, 0),
     (1, 3, 9, 13, 7, 7, (2, 2), (3, 3, 3, 3), 2, 1),  # one tile a row, every tile an edge tile
     (5, 3, 64, 66, 7, 7, (2, 2), (3, 3, 3, 3), 1, 1),
 ]
@@ -69,7 +70,7 @@ def test_stem_matches_float64_reference(case, threads):
         np.testing.assert_allclose(y, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("act", [1, 2])
 def test_stem_nan_wins_and_infinities_pass(act):
     """A NaN in the image makes every pooled value whose window reaches it NaN (as torch's
     pool); infinities pass through the conv and the pool as in the float64 reference."""
@@ -99,6 +100,9 @@ def test_stem_applies_only_where_it_runs():
     assert not S.applies(x, w, *ok[:2], (1, 1), (1, 1), (112, 112))  # stride-2 pools only
     assert not S.applies(x, w, *ok[:3], (2, 2), (56, 56))  # pool pads of at most 1
     assert not S.applies(x, w, *ok[:4], (58, 56))  # a pool window wholly past the conv's rows
+    wt, b = np.zeros(w, np.float32), np.zeros(64, np.float32)
+    with pytest.raises(ValueError, match="ReLU"):  # its pool compares the ReLU'd bits as int32
+        S.Plan(x, wt, b, ok[0], ok[1], 0, ok[3], ok[4], 1)
 
 
 def test_tiles_cover_the_row_once():

@@ -492,7 +492,7 @@ class _ConvMaxPool:
     """A fused conv then the ``MaxPool`` that alone reads its result (ResNet's stem), one node.
 
     Where kernels.cpu.stem applies (64 output channels, a contiguous NCHW float32 image, a
-    3x3 stride-2 pool, ReLU/ReLU6 or no activation; AVX-512), the node is one call of its
+    3x3 stride-2 pool, a ReLU or ReLU6 between; AVX-512), the node is one call of its
     kernel from a shape's second call on: a direct conv read from the image, each conv row
     pooled while it is in cache (the conv's 3.2 MB output never made). ResNet-50 b1's stem in
     the pass, one process alternating the two paths pass by pass (medians of 30-40 passes,
@@ -557,7 +557,7 @@ class _ConvMaxPool:
         run = self.conv
         if (
             d.dtype != _F32 or d.ndim != 4 or run.one_d or run.groups != 1 or self.k != [3, 3]
-            or run.act not in (None, "relu", "relu6") or (run.scale, run.shift) != (1.0, 0.0)
+            or run.act not in ("relu", "relu6") or (run.scale, run.shift) != (1.0, 0.0)
             or tuple(run.w.shape[:2]) != (stem.O, d.shape[1]) or stem.state() is None
         ):  # fmt: skip
             return False

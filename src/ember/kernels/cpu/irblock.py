@@ -66,8 +66,7 @@ from ember.kernels.cpu import gemm as G
 _STATE: dict = {}
 _LOCK = threading.Lock()
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _block = _dw_rows = _fetch_add = _acquire = _run = _bands = _submit = None  # bound
-_CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
+_ld = _vptr = _block = _dw_rows = _fetch_add = _bands = _submit = None  # bound
 
 # descriptor words
 (D_X, D_N, D_H, D_W, D_HAS_E, D_EP, D_EB, D_CE, D_EACT, D_DW, D_DB, D_KH, D_KW, D_SH,
@@ -288,20 +287,6 @@ def _head_task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: n
     _fetch_add(claims + sl * 8, -1)
 
 
-def _submit_py(ctrl, own, d, fn, items):  # pragma: no cover - compiled
-    """Run ``items`` tasks of fn on descriptor d on the pool (on ``own`` alone when another
-    thread holds the pool's job block)."""
-    shared = _acquire(ctrl.ctypes.data)
-    if shared == 0:
-        ctrl = own
-    ctrl[_CHUNK] = 1
-    ctrl[_ROWS] = items
-    ctrl[_GROUPS] = 1
-    ctrl[_WI] = d.ctypes.data
-    ctrl[_GROUP0] = fn
-    _run(ctrl.ctypes.data, items, shared)
-
-
 def _head_go_py(ctrl, own, desc, fn, items, x, out, scr, acc, claims):
     """_go_py for the head: the call's five addresses, then its panel groups on the pool
     (pragma: no cover - compiled)."""
@@ -354,8 +339,7 @@ def _build(nb) -> dict:
     g["_narrow_rows"] = narrow["rows"]
     sig = types.void(*([types.int64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
-    pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
-    g["_submit"] = nb.njit(nogil=True, cache=True)(_submit_py)
+    g["_submit"] = pool.submit_items()
     go = nb.njit(nogil=True, cache=True)(_go_py)
     head = nb.cfunc(sig, nopython=True, cache=True)(_head_task_py)
     head_go = nb.njit(nogil=True, cache=True)(_head_go_py)

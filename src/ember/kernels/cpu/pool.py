@@ -454,6 +454,35 @@ def bind(g: dict, *words: str) -> None:
         g[f"_{name}"] = globals()[name]
 
 
+def _submit_items_py(ctrl, own, d, fn, items):  # pragma: no cover - compiled
+    """Run ``items`` tasks of fn on descriptor d, one item each, on the pool (on ``own`` alone
+    when another thread holds the pool's job block)."""
+    shared = _acquire(ctrl.ctypes.data)
+    if shared == 0:
+        ctrl = own
+    ctrl[CHUNK] = 1
+    ctrl[ROWS] = items
+    ctrl[GROUPS] = 1
+    ctrl[WI] = d.ctypes.data
+    ctrl[GROUP0] = fn
+    _run(ctrl.ctypes.data, items, shared)
+
+
+_SUBMIT: list = []
+_acquire = _run = None  # ember_pool_acquire / ember_pool_run, bound by submit_items
+
+
+def submit_items():
+    """``submit(ctrl, own, d, fn, items)`` compiled once for the numba drivers whose tasks are
+    one item each (kernels.cpu.irblock's blocks, kernels.cpu.stem's bands)."""
+    if not _SUBMIT:
+        import numba as nb
+
+        bind(globals())
+        _SUBMIT.append(nb.njit(nogil=True, cache=True)(_submit_items_py))
+    return _SUBMIT[0]
+
+
 def ctrl() -> np.ndarray:
     """The pool's job block, which numba drivers take with ember_pool_acquire before filling
     it (workers started for the current thread count)."""

@@ -21,9 +21,10 @@ NHWC max pool over its 3.2 MB result. Here:
   pools each row as soon as its three conv rows exist, so the conv's output never goes through
   memory. The one pool row whose window straddles two bands is computed by whichever of the
   two bands finishes its part second (an atomic count per boundary): its three conv rows are
-  written into a small per-boundary buffer, no conv row is computed twice. After ReLU/ReLU6
-  the tile's store clears the sign bits (-0 -> +0, a negative NaN positive), so the pool is an
-  int32 max (a NaN above everything: NaN wins, as in torch), 9 loads and 8 vpmaxsd a vector;
+  written into a small per-boundary buffer, no conv row is computed twice. The conv's
+  ReLU/ReLU6 (the kernel runs after one of them only) leaves no negative values and the tile's
+  store clears the sign bits (-0 -> +0, a negative NaN positive), so the pool is an int32 max
+  (a NaN above everything: NaN wins, as in torch), 9 loads and 8 vpmaxsd a vector;
 - the image's rows are prefetched AHEAD conv rows before they are read: the kernel reads 3 * kh
   short row streams at once, which the hardware prefetchers did not follow when the image came
   from memory (in ResNet-50's pass at 1 thread the node took 1.22 ms without, 1.02 with the
@@ -53,9 +54,8 @@ from ember.kernels.cpu import pool
 _STATE: dict = {}
 _LOCK = threading.Lock()
 carray = None  # numba.carray, bound by _build
-_ld = _vptr = _tile = _prefetch = _fetch_add = _acquire = _run = _submit = None  # bound by _build
+_ld = _vptr = _tile = _prefetch = _fetch_add = _submit = None  # bound by _build
 _strips = _fetch_rows = _conv_row = _pool_row = _where = _bands = None  # compiled by _build
-_CHUNK = _ROWS = _GROUPS = _WI = _GROUP0 = 0  # the pool's job words, bound by _build
 
 O = 64  # output channels: 4 AVX-512 vectors
 NV = 4
@@ -121,7 +121,6 @@ def _tile_ir(p: int, sw: int) -> str:
         f"  %lov = shufflevector {vt} %lo, {vt} poison, <{w} x i32> zeroinitializer",
         f"  %hi = insertelement {vt} poison, float %hif, i32 0",
         f"  %hiv = shufflevector {vt} %hi, {vt} poison, <{w} x i32> zeroinitializer",
-        "  %pos = fcmp oge float %lof, 0.0",
         "  br label %tile",
         "tile:",
         "  %t = phi i64 [0, %entry], [%t1, %store]",
@@ -181,8 +180,7 @@ def _tile_ir(p: int, sw: int) -> str:
         s += G._clamp_ir("", x, f"%y{x}", vt, w)  # NaN kept, as the GEMM's store
         # after ReLU/ReLU6 (lo = 0) the sign bit cleared: -0 and a negative NaN become +0
         # and a positive NaN, so the pool compares the floats as int32 (NaN the largest)
-        s += [f"  %g{x} = call {vt} @llvm.fabs.v{w}f32({vt} %f{x})"]
-        s += [f"  %h{x} = select i1 %pos, {vt} %g{x}, {vt} %f{x}"]
+        s += [f"  %h{x} = call {vt} @llvm.fabs.v{w}f32({vt} %f{x})"]
         s += [f"  %op{x} = getelementptr float, ptr %cp, i64 {q * O + v * w}"]
         s += [f"  store {vt} %h{x}, ptr %op{x}, align 4"]
     s += ["  %at1 = add i64 %at, %astep", f"  %ct1 = add i64 %ct, {p * O * 4}"]
@@ -277,7 +275,7 @@ def _conv_row_py(p, b, oy, dst, strips, y_lo):  # pragma: no cover - compiled
     pt, pl, wa, ba = _ld(p, D_PT), _ld(p, D_PL), _ld(p, D_WP), _ld(p, D_B)
     act, sf = _ld(p, D_ACT), _ld(p, D_STRIP)
     tiles = carray(_vptr(_ld(p, D_TILES)), (_ld(p, D_NT), 4), np.int64)
-    lo = np.float32(-np.inf if act == 0 else 0.0)
+    lo = np.float32(0.0)
     hi = np.float32(6.0 if act == 2 else np.inf)
     iy0 = oy * sh - pt
     i_lo = max(0, -iy0)
@@ -297,55 +295,25 @@ def _conv_row_py(p, b, oy, dst, strips, y_lo):  # pragma: no cover - compiled
             _tile(sw, npx, a, c * span * 4, span * 4, nrows, c, kw, wrow, out, ba, lo, hi, 1, 0)
 
 
-def _pool_row_py(ra, rb, rc, oa, ow, pw, ql, act):  # pragma: no cover - compiled
+def _pool_row_py(ra, rb, rc, oa, ow, pw, ql):  # pragma: no cover - compiled
     """One 3-wide stride-2 max-pool row (left padding ql, columns clamped into the row: a
     repeated tap leaves the max unchanged) over conv rows ra, rb, rc (OW x 64 floats, at those
-    addresses) into oa (PW x 64); NaN wins, as in torch. After ReLU/ReLU6 (act > 0) the rows
-    hold no sign bits (the tile kernel's store), so their int32 max is the float max with a
-    NaN above everything: 9 loads and 8 vpmaxsd a vector. Otherwise conv._maxpool3_rows_py's
-    float compares and NaN test."""
-    if act > 0:
-        ai = carray(_vptr(ra), (ow, O), np.int32)
-        bi = carray(_vptr(rb), (ow, O), np.int32)
-        ci = carray(_vptr(rc), (ow, O), np.int32)
-        oi = carray(_vptr(oa), (pw, O), np.int32)
-        for xo in range(pw):
-            j0 = xo * 2 - ql
-            u0, u1 = min(max(j0, 0), ow - 1), min(max(j0 + 1, 0), ow - 1)
-            u2 = min(max(j0 + 2, 0), ow - 1)
-            a0, a1, a2, b0, b1, b2 = ai[u0], ai[u1], ai[u2], bi[u0], bi[u1], bi[u2]
-            c0, c1, c2, o = ci[u0], ci[u1], ci[u2], oi[xo]
-            for t in range(O):
-                o[t] = max(max(max(a0[t], a1[t]), max(a2[t], b0[t])),
-                           max(max(b1[t], b2[t]), max(max(c0[t], c1[t]), c2[t])))  # fmt: skip
-        return
-    a = carray(_vptr(ra), (ow, O), np.float32)
-    bb = carray(_vptr(rb), (ow, O), np.float32)
-    cc = carray(_vptr(rc), (ow, O), np.float32)
-    out = carray(_vptr(oa), (pw, O), np.float32)
+    addresses) into oa (PW x 64); NaN wins, as in torch. After ReLU/ReLU6 the rows hold no sign
+    bits (the tile kernel's store), so their int32 max is the float max with a NaN above
+    everything: 9 loads and 8 vpmaxsd a vector."""
+    ai = carray(_vptr(ra), (ow, O), np.int32)
+    bi = carray(_vptr(rb), (ow, O), np.int32)
+    ci = carray(_vptr(rc), (ow, O), np.int32)
+    oi = carray(_vptr(oa), (pw, O), np.int32)
     for xo in range(pw):
         j0 = xo * 2 - ql
         u0, u1 = min(max(j0, 0), ow - 1), min(max(j0 + 1, 0), ow - 1)
         u2 = min(max(j0 + 2, 0), ow - 1)
-        a0, a1, a2 = a[u0], a[u1], a[u2]
-        b0, b1, b2 = bb[u0], bb[u1], bb[u2]
-        c0, c1, c2 = cc[u0], cc[u1], cc[u2]
-        o = out[xo]
+        a0, a1, a2, b0, b1, b2 = ai[u0], ai[u1], ai[u2], bi[u0], bi[u1], bi[u2]
+        c0, c1, c2, o = ci[u0], ci[u1], ci[u2], oi[xo]
         for t in range(O):
-            v0, v1, v2 = a0[t], a1[t], a2[t]
-            v3, v4, v5 = b0[t], b1[t], b2[t]
-            v6, v7, v8 = c0[t], c1[t], c2[t]
-            m = v0 if v0 > v1 else v1
-            m = m if m > v2 else v2
-            m = m if m > v3 else v3
-            m = m if m > v4 else v4
-            m = m if m > v5 else v5
-            m = m if m > v6 else v6
-            m = m if m > v7 else v7
-            m = m if m > v8 else v8
-            nan = (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3) | (v4 != v4)
-            nan |= (v5 != v5) | (v6 != v6) | (v7 != v7) | (v8 != v8)
-            o[t] = np.float32(np.nan) if nan else m
+            o[t] = max(max(max(a0[t], a1[t]), max(a2[t], b0[t])),
+                       max(max(b1[t], b2[t]), max(max(c0[t], c1[t]), c2[t])))  # fmt: skip
 
 
 def _where_py(r, k, lo, hi, last, e_in, e_out, ring, row):  # pragma: no cover - compiled
@@ -371,7 +339,7 @@ def _bands_py(p, i0, i1):  # pragma: no cover - compiled
     oh, ow, ph, pw = _ld(p, D_OH), _ld(p, D_OW), _ld(p, D_PH), _ld(p, D_PW)
     qt, ql, tpi, oa = _ld(p, D_QT), _ld(p, D_QL), _ld(p, D_TPI), _ld(p, D_OUT)
     sa, slot, nslots, claims = _ld(p, D_SCR), _ld(p, D_SLOT), _ld(p, D_NSLOTS), _ld(p, D_CLAIMS)
-    ea, cnt, act = _ld(p, D_EDGE), _ld(p, D_CNT), _ld(p, D_ACT)
+    ea, cnt = _ld(p, D_EDGE), _ld(p, D_CNT)
     row = ow * O * 4  # bytes of a conv row
     prow = pw * O * 4  # bytes of a pool row
     sl = 0  # a scratch slot of our own (the first free one: nslots > the tasks at once)
@@ -404,7 +372,7 @@ def _bands_py(p, i0, i1):  # pragma: no cover - compiled
             _conv_row(p, b, r, _where(r, k, lo, hi, last, e_in, e_out, ring, row), strips, y_lo)
             if k > 0 and r == lo and _fetch_add(cnt + (b * tpi + k) * 64, 1) == 1:
                 _pool_row(e_in, e_in + row, e_in + 2 * row, oa + (b * ph + p0 - 1) * prow, ow,
-                          pw, ql, act)  # fmt: skip
+                          pw, ql)  # fmt: skip
                 _fetch_add(cnt + (b * tpi + k) * 64, -2)
             while q < q_end and min(q * 2 - qt + 2, oh - 1) <= r:
                 r0 = _where(
@@ -412,11 +380,11 @@ def _bands_py(p, i0, i1):  # pragma: no cover - compiled
                 )
                 r1 = _where(min(q * 2 - qt + 1, oh - 1), k, lo, hi, last, e_in, e_out, ring, row)
                 r2 = _where(min(q * 2 - qt + 2, oh - 1), k, lo, hi, last, e_in, e_out, ring, row)
-                _pool_row(r0, r1, r2, oa + (b * ph + q) * prow, ow, pw, ql, act)
+                _pool_row(r0, r1, r2, oa + (b * ph + q) * prow, ow, pw, ql)
                 q += 1
         if not last and _fetch_add(cnt + (b * tpi + k + 1) * 64, 1) == 1:
             _pool_row(e_out, e_out + row, e_out + 2 * row, oa + (b * ph + p1 - 1) * prow, ow, pw,
-                      ql, act)  # fmt: skip
+                      ql)  # fmt: skip
             _fetch_add(cnt + (b * tpi + k + 1) * 64, -2)
     _fetch_add(claims + sl * 8, -1)
 
@@ -424,20 +392,6 @@ def _bands_py(p, i0, i1):  # pragma: no cover - compiled
 def _task_py(p, a1, a2, i0, i1, a5, a6, a7, a8, a9, a10, a11):  # pragma: no cover - compiled
     """The pool's chunk function: bands i0..i1-1 of the stem described at p."""
     _bands(p, i0, i1)
-
-
-def _submit_py(ctrl, own, d, fn, items):  # pragma: no cover - compiled
-    """Run ``items`` tasks of fn on descriptor d on the pool (on ``own`` alone when another
-    thread holds the pool's job block)."""
-    shared = _acquire(ctrl.ctypes.data)
-    if shared == 0:
-        ctrl = own
-    ctrl[_CHUNK] = 1
-    ctrl[_ROWS] = items
-    ctrl[_GROUPS] = 1
-    ctrl[_WI] = d.ctypes.data
-    ctrl[_GROUP0] = fn
-    _run(ctrl.ctypes.data, items, shared)
 
 
 def _go_py(ctrl, own, desc, fn, items, x, out, scr, claims, edge):  # pragma: no cover - compiled
@@ -474,8 +428,7 @@ def _build(nb) -> dict:
     g["_pool_row"] = nb.njit(**opts)(_pool_row_py)
     g["_where"] = nb.njit(**opts)(_where_py)
     g["_bands"] = nb.njit(**opts)(_bands_py)
-    pool.bind(g, "CHUNK", "ROWS", "GROUPS", "WI", "GROUP0")
-    g["_submit"] = nb.njit(**opts)(_submit_py)
+    g["_submit"] = pool.submit_items()
     sig = types.void(*([i64] * 12))
     task = nb.cfunc(sig, nopython=True, cache=True)(_task_py)
     go = nb.njit(**opts)(_go_py)
@@ -574,8 +527,11 @@ class Plan:
 
     def __init__(self, x_shape: tuple, w: np.ndarray, b: np.ndarray, stride, pads, act: int,
                  pool_pads, pool_hw, threads: int) -> None:  # fmt: skip
-        """w (64, C, kh, kw) and b (64,) float32 (act 0 none, 1 ReLU, 2 ReLU6); pool_pads (top,
-        left) and pool_hw the 3x3 stride-2 pool's; ``applies`` must hold."""
+        """w (64, C, kh, kw) and b (64,) float32, act 1 ReLU or 2 ReLU6 (the pool compares the
+        activations' bits as int32); pool_pads (top, left) and pool_hw the 3x3 stride-2 pool's;
+        ``applies`` must hold."""
+        if act not in (1, 2):
+            raise ValueError(f"the stem kernel runs after ReLU or ReLU6 only (act {act})")
         n, c, h, wd = x_shape
         _, _, kh, kw = w.shape
         (sh, sw), (pt, pb, pl, pr) = stride, pads
