@@ -43,6 +43,8 @@ latency per tap: 144 channels 29 -> 42 GMAC/s).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ember.kernels.cpu import gemm as G
@@ -58,16 +60,20 @@ _r1 = _r2 = _r3 = _r4 = _r5 = _r6 = _r7 = _r8 = None  # the whole-row kernels
 _call = _callr = _rows = None  # _call_py, _callr_py, _rows_py compiled
 
 
+def _load_ir(w: int, masked: bool, dst: str, ptr: str) -> str:
+    """Load a vector of w floats at %ptr into %dst (masked: the lanes of %mask, zeros else)."""
+    vt = f"<{w} x float>"
+    if masked:
+        return (f"  %{dst} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %{ptr}, i32 4,"
+                f" <{w} x i1> %mask, {vt} zeroinitializer)")  # fmt: skip
+    return f"  %{dst} = load {vt}, ptr %{ptr}, align 4"
+
+
 def _block_ir(pre: str, p: int, w: int, cb: str, masked: bool, nxt: str) -> list[str]:
     """One block of w channels at offset %cb for p pixels: bias, taps, clamp, store; then nxt."""
     vt = f"<{w} x float>"
 
-    def load(dst: str, ptr: str) -> str:
-        if masked:
-            return (f"  %{dst} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %{ptr}, i32 4,"
-                    f" <{w} x i1> %mask, {vt} zeroinitializer)")  # fmt: skip
-        return f"  %{dst} = load {vt}, ptr %{ptr}, align 4"
-
+    load = partial(_load_ir, w, masked)
     s = [f"{pre}init:", f"  %{pre}bp = getelementptr float, ptr %bias, i64 %{cb}"]
     s += [load(f"{pre}b0", f"{pre}bp"), f"  br label %{pre}tap", f"{pre}tap:"]
     s += [f"  %{pre}t = phi i64 [0, %{pre}init], [%{pre}t1, %{pre}tb]"]
@@ -103,12 +109,7 @@ def _rowblock_ir(pre, p, w, kw, sw, cb, masked, nxt) -> list[str]:
     once each, every column feeding the FMAs of each pixel whose window holds it."""
     vt = f"<{w} x float>"
 
-    def load(dst: str, ptr: str) -> str:
-        if masked:
-            return (f"  %{dst} = call {vt} @llvm.masked.load.v{w}f32.p0(ptr %{ptr}, i32 4,"
-                    f" <{w} x i1> %mask, {vt} zeroinitializer)")  # fmt: skip
-        return f"  %{dst} = load {vt}, ptr %{ptr}, align 4"
-
+    load = partial(_load_ir, w, masked)
     s = [f"{pre}init:", f"  %{pre}bp = getelementptr float, ptr %bias, i64 %{cb}"]
     s += [load(f"{pre}b0", f"{pre}bp"), f"  br label %{pre}tap", f"{pre}tap:"]
     s += [f"  %{pre}t = phi i64 [0, %{pre}init], [%{pre}t1, %{pre}tb]"]

@@ -334,26 +334,37 @@ def _masked_store_ir(rows, vecs, w: int) -> tuple[list[str], list[str], list[str
     return s, masked, streamed
 
 
+def prefetch_ir(name: str, write: int, locality: int) -> str:
+    """``name(ai, n)``: prefetch n cache lines from address ai on (llvm.prefetch's rw and
+    locality: 1, 3 for writing into L1; 0, 2 for reading towards L2)."""
+    return "\n".join(
+        [
+            f"define void @{name}(i64 %ai, i64 %n) {{",
+            "entry:",
+            "  %z = icmp sle i64 %n, 0",
+            "  br i1 %z, label %done, label %loop",
+            "loop:",
+            "  %i = phi i64 [0, %entry], [%i1, %loop]",
+            "  %off = shl i64 %i, 6",
+            "  %ad = add i64 %ai, %off",
+            "  %p = inttoptr i64 %ad to ptr",
+            f"  call void @llvm.prefetch.p0(ptr %p, i32 {write}, i32 {locality}, i32 1)",
+            "  %i1 = add i64 %i, 1",
+            "  %c = icmp slt i64 %i1, %n",
+            "  br i1 %c, label %loop, label %done",
+            "done:",
+            "  ret void",
+            "}",
+        ]
+    )
+
+
 def _microkernels_ir(w: int, nv: int) -> list[str]:
     """The microkernels for 1..MR_MAX rows and the shared task counter."""
     parts = [_kernel_ir(mr, nv, w) for mr in range(1, MR_MAX + 1)]
-    parts += [  # n cache lines from address ai into L1 for writing (the rows-first order's)
-        "define void @ember_sgemm_prefetch(i64 %ai, i64 %n) {",
-        "entry:",
-        "  %z = icmp sle i64 %n, 0",
-        "  br i1 %z, label %done, label %loop",
-        "loop:",
-        "  %i = phi i64 [0, %entry], [%i1, %loop]",
-        "  %off = shl i64 %i, 6",
-        "  %ad = add i64 %ai, %off",
-        "  %p = inttoptr i64 %ad to ptr",
-        "  call void @llvm.prefetch.p0(ptr %p, i32 1, i32 3, i32 1)",
-        "  %i1 = add i64 %i, 1",
-        "  %c = icmp slt i64 %i1, %n",
-        "  br i1 %c, label %loop, label %done",
-        "done:",
-        "  ret void",
-        "}",
+    # n cache lines from address ai into L1 for writing (the rows-first order's)
+    parts += [prefetch_ir("ember_sgemm_prefetch", 1, 3)]
+    parts += [
         # the task counter parallel kernels share (numba has no atomics)
         "define i64 @ember_sgemm_fetch_add(i64 %pi, i64 %v) {",
         "  %p = inttoptr i64 %pi to ptr",

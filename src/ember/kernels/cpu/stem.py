@@ -189,30 +189,6 @@ def _tile_ir(p: int, sw: int) -> str:
     return "\n".join(s)
 
 
-def _prefetch_ir() -> str:
-    """ember_stem_prefetch(a, n): n cache lines from address a on towards L2, for reading."""
-    return "\n".join(
-        [
-            "define void @ember_stem_prefetch(i64 %ai, i64 %n) {",
-            "entry:",
-            "  %z = icmp sle i64 %n, 0",
-            "  br i1 %z, label %done, label %loop",
-            "loop:",
-            "  %i = phi i64 [0, %entry], [%i1, %loop]",
-            "  %off = shl i64 %i, 6",
-            "  %ad = add i64 %ai, %off",
-            "  %p = inttoptr i64 %ad to ptr",
-            "  call void @llvm.prefetch.p0(ptr %p, i32 0, i32 2, i32 1)",
-            "  %i1 = add i64 %i, 1",
-            "  %c = icmp slt i64 %i1, %n",
-            "  br i1 %c, label %loop, label %done",
-            "done:",
-            "  ret void",
-            "}",
-        ]
-    )
-
-
 def _dispatch_ir() -> str:
     """ember_stem_tile(sw, p, args...): the microkernel of p pixels at column stride sw."""
     args = "i64 %ai, i64 %rs, i64 %cs, i64 %nrows, i64 %nc, i64 %kw, i64 %wi, i64 %ci, i64 %bi"
@@ -410,7 +386,8 @@ def _build(nb) -> dict:
         return {"ok": False}
     fns = [_tile_ir(p, sw) for sw in STRIDES for p in range(1, P_MAX + 1)]
     fabs = "declare <16 x float> @llvm.fabs.v16f32(<16 x float>)"
-    engine = G.jit_ir([fabs, *fns, _dispatch_ir(), _prefetch_ir()],
+    fetch = G.prefetch_ir("ember_stem_prefetch", 0, 2)  # n lines from a towards L2, to read
+    engine = G.jit_ir([fabs, *fns, _dispatch_ir(), fetch],
                       ["ember_stem_tile", "ember_stem_prefetch"])  # fmt: skip
     ld, vptr = pool.intrinsics()
     g = globals()
