@@ -593,36 +593,19 @@ def test_depthwise_vector_kernel_avx2_in_a_fresh_process():
     [(40, 260, 1, (7, 7)), (300, 8 * 32 + 5, 1, (14, 14)), (19, 300, 3, (5, 3)),
      (24, 270, 1, (11, 9)), (520, 256, 1, (13, 1))],
 )  # fmt: skip
-def test_conv_gemm_one_thread_sweeps_all_few_pixels_per_pass(c, o, k, hw, monkeypatch):
+def test_conv_gemm_one_thread_sweeps_all_few_pixels_per_pass(c, o, k, hw, serial_rows):
     """On one thread a conv of at most ONE_BLOCK_ROWS pixels with enough panels sweeps all its
     pixels per pass over the panels (the serial driver's chunk: every row, in whole tiles), K in
     one block or several, with and without a residual; results match float64."""
-    import ember
-
-    if G.panel_width() is None:
-        pytest.skip("no microkernels here")
-    chunks = []
-    serial = G._state()["serial"]
-
-    def spy(*args):
-        chunks.append(args[13])
-        return serial(*args)
-
-    monkeypatch.setitem(G._STATE, "serial", spy)
-    old = ember.get_num_threads()
-    ember.set_num_threads(1)
-    try:
-        w, b = PackedWeight(_r(o, c, k, k)), _r(o)
-        pads = (k // 2,) * 4
-        x = _r(1, c, *hw)
-        ref = K.conv2d_nchw_reference(x.astype(np.float64), w.astype(np.float64), (1, 1), pads, 1)
-        res = _r(*ref.shape)
-        for r in (None, res, _cl(res)):
-            want = np.maximum(ref + b[:, None, None] + (0 if r is None else r), 0)
-            y = K.fused_conv2d_gemm(x, w, b, r, stride=(1, 1), pads=pads, groups=1, act="relu")
-            np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
-    finally:
-        ember.set_num_threads(old)
+    w, b = PackedWeight(_r(o, c, k, k)), _r(o)
+    pads = (k // 2,) * 4
+    x = _r(1, c, *hw)
+    ref = K.conv2d_nchw_reference(x.astype(np.float64), w.astype(np.float64), (1, 1), pads, 1)
+    res = _r(*ref.shape)
+    for r in (None, res, _cl(res)):
+        want = np.maximum(ref + b[:, None, None] + (0 if r is None else r), 0)
+        y = K.fused_conv2d_gemm(x, w, b, r, stride=(1, 1), pads=pads, groups=1, act="relu")
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     mr, m = G._state()["mr"], hw[0] * hw[1]
     if G.packed_panels(w).shape[2] == G.panel_width():  # (narrow weights: gemm_narrow's rows)
-        assert chunks and set(chunks) == {-(-m // mr) * mr}
+        assert serial_rows and set(serial_rows) == {-(-m // mr) * mr}

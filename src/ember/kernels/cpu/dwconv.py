@@ -43,8 +43,6 @@ latency per tap: 144 channels 29 -> 42 GMAC/s).
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
 from ember.kernels.cpu import gemm as G
@@ -69,13 +67,13 @@ def _load_ir(w: int, masked: bool, dst: str, ptr: str) -> str:
     return f"  %{dst} = load {vt}, ptr %{ptr}, align 4"
 
 
-def _block_ir(pre: str, p: int, w: int, cb: str, masked: bool, nxt: str) -> list[str]:
-    """One block of w channels at offset %cb for p pixels: bias, taps, clamp, store; then nxt."""
+def _head_ir(pre: str, p: int, w: int, cb: str, masked: bool) -> list[str]:
+    """A pixel block's loop over the taps up to the tap's offsets: each of the p sums starts
+    at the bias of channels %cb.., ``%{pre}off`` the tap's input offset, ``%{pre}wo`` its
+    weights' (the caller's loop body follows, then ``_tail_ir``)."""
     vt = f"<{w} x float>"
-
-    load = partial(_load_ir, w, masked)
     s = [f"{pre}init:", f"  %{pre}bp = getelementptr float, ptr %bias, i64 %{cb}"]
-    s += [load(f"{pre}b0", f"{pre}bp"), f"  br label %{pre}tap", f"{pre}tap:"]
+    s += [_load_ir(w, masked, f"{pre}b0", f"{pre}bp"), f"  br label %{pre}tap", f"{pre}tap:"]
     s += [f"  %{pre}t = phi i64 [0, %{pre}init], [%{pre}t1, %{pre}tb]"]
     s += [
         f"  %{pre}A{q} = phi {vt} [%{pre}b0, %{pre}init], [%{pre}N{q}, %{pre}tb]" for q in range(p)
@@ -85,22 +83,33 @@ def _block_ir(pre: str, p: int, w: int, cb: str, masked: bool, nxt: str) -> list
         f"  br i1 %{pre}go, label %{pre}tb, label %{pre}st",
     ]
     s += [f"{pre}tb:", f"  %{pre}op = getelementptr i64, ptr %to, i64 %{pre}t"]
-    s += [
+    return s + [
         f"  %{pre}off = load i64, ptr %{pre}op",
         f"  %{pre}wp = getelementptr i64, ptr %tw, i64 %{pre}t",
+        f"  %{pre}woff = load i64, ptr %{pre}wp",
+        f"  %{pre}wo = add i64 %{pre}woff, %{cb}",
     ]
-    s += [f"  %{pre}woff = load i64, ptr %{pre}wp", f"  %{pre}wo = add i64 %{pre}woff, %{cb}"]
-    s += [f"  %{pre}wq = getelementptr float, ptr %w, i64 %{pre}wo", load(f"{pre}wv", f"{pre}wq")]
-    s += [f"  %{pre}xo = add i64 %{pre}off, %{cb}"]
+
+
+def _tail_ir(pre: str, p: int, w: int, cb: str, masked: bool, nxt: str) -> list[str]:
+    """The next tap, then (all taps summed) the clamped store, then nxt."""
+    s = [f"  %{pre}t1 = add i64 %{pre}t, 1", f"  br label %{pre}tap", f"{pre}st:"]
+    return s + _store_ir(pre, p, w, cb, masked) + [nxt]
+
+
+def _block_ir(pre: str, p: int, w: int, cb: str, masked: bool, nxt: str) -> list[str]:
+    """One block of w channels at offset %cb for p pixels: bias, taps, clamp, store; then nxt."""
+    vt = f"<{w} x float>"
+    s = _head_ir(pre, p, w, cb, masked)
+    s += [f"  %{pre}wq = getelementptr float, ptr %w, i64 %{pre}wo"]
+    s += [_load_ir(w, masked, f"{pre}wv", f"{pre}wq"), f"  %{pre}xo = add i64 %{pre}off, %{cb}"]
     for q in range(p):
         s += [f"  %{pre}xo{q} = add i64 %{pre}xo, %ps{q}"]
         s += [f"  %{pre}xp{q} = getelementptr float, ptr %x, i64 %{pre}xo{q}"]
-        s += [load(f"{pre}xv{q}", f"{pre}xp{q}")]
+        s += [_load_ir(w, masked, f"{pre}xv{q}", f"{pre}xp{q}")]
         s += [f"  %{pre}N{q} = call {vt} @llvm.fma.v{w}f32({vt} %{pre}xv{q}, {vt} %{pre}wv,"
               f" {vt} %{pre}A{q})"]  # fmt: skip
-    s += [f"  %{pre}t1 = add i64 %{pre}t, 1", f"  br label %{pre}tap", f"{pre}st:"]
-    s += _store_ir(pre, p, w, cb, masked)
-    return s + [nxt]
+    return s + _tail_ir(pre, p, w, cb, masked, nxt)
 
 
 def _rowblock_ir(pre, p, w, kw, sw, cb, masked, nxt) -> list[str]:
@@ -108,36 +117,18 @@ def _rowblock_ir(pre, p, w, kw, sw, cb, masked, nxt) -> list[str]:
     weight vectors and the (p - 1) * sw + kw input columns its pixels' windows span are loaded
     once each, every column feeding the FMAs of each pixel whose window holds it."""
     vt = f"<{w} x float>"
-
-    load = partial(_load_ir, w, masked)
-    s = [f"{pre}init:", f"  %{pre}bp = getelementptr float, ptr %bias, i64 %{cb}"]
-    s += [load(f"{pre}b0", f"{pre}bp"), f"  br label %{pre}tap", f"{pre}tap:"]
-    s += [f"  %{pre}t = phi i64 [0, %{pre}init], [%{pre}t1, %{pre}tb]"]
-    last = [f"%{pre}A{q}" for q in range(p)]  # each pixel's latest partial sum
-    s += [
-        f"  %{pre}A{q} = phi {vt} [%{pre}b0, %{pre}init], [%{pre}N{q}, %{pre}tb]" for q in range(p)
-    ]
-    s += [
-        f"  %{pre}go = icmp ult i64 %{pre}t, %nt",
-        f"  br i1 %{pre}go, label %{pre}tb, label %{pre}st",
-    ]
-    s += [f"{pre}tb:", f"  %{pre}op = getelementptr i64, ptr %to, i64 %{pre}t"]
-    s += [
-        f"  %{pre}off = load i64, ptr %{pre}op",
-        f"  %{pre}wp = getelementptr i64, ptr %tw, i64 %{pre}t",
-        f"  %{pre}woff = load i64, ptr %{pre}wp",
-        f"  %{pre}wo = add i64 %{pre}woff, %{cb}",
-    ]
+    s = _head_ir(pre, p, w, cb, masked)
     for j in range(kw):
         s += [f"  %{pre}wo{j} = add i64 %{pre}wo, %cc{j}"]
         s += [f"  %{pre}wq{j} = getelementptr float, ptr %w, i64 %{pre}wo{j}"]
-        s += [load(f"{pre}wv{j}", f"{pre}wq{j}")]
+        s += [_load_ir(w, masked, f"{pre}wv{j}", f"{pre}wq{j}")]
     s += [f"  %{pre}xo = add i64 %{pre}off, %{cb}"]
+    last = [f"%{pre}A{q}" for q in range(p)]  # each pixel's latest partial sum
     step = 0
     for col in range((p - 1) * sw + kw):
         s += [f"  %{pre}xo{col} = add i64 %{pre}xo, %cc{col}"]
         s += [f"  %{pre}xp{col} = getelementptr float, ptr %x, i64 %{pre}xo{col}"]
-        s += [load(f"{pre}xv{col}", f"{pre}xp{col}")]
+        s += [_load_ir(w, masked, f"{pre}xv{col}", f"{pre}xp{col}")]
         for q in range(p):
             j = col - q * sw
             if 0 <= j < kw:
@@ -146,8 +137,7 @@ def _rowblock_ir(pre, p, w, kw, sw, cb, masked, nxt) -> list[str]:
                 s += [f"  {dst} = call {vt} @llvm.fma.v{w}f32({vt} %{pre}xv{col},"
                       f" {vt} %{pre}wv{j}, {vt} {last[q]})"]  # fmt: skip
                 last[q] = dst
-    s += [f"  %{pre}t1 = add i64 %{pre}t, 1", f"  br label %{pre}tap", f"{pre}st:"]
-    return s + _store_ir(pre, p, w, cb, masked) + [nxt]
+    return s + _tail_ir(pre, p, w, cb, masked, nxt)
 
 
 def _edgeblock_ir(pre: str, nv: int, w: int, cb: str, nxt: str) -> list[str]:
